@@ -1,0 +1,468 @@
+//! The run's configuration: TOML presets in configs/, overridden by CLI flags.
+//!
+//! Every section denies unknown keys, so a typo is an error that names the key instead of
+//! a silently ignored setting. Missing keys take the defaults below, which are the values
+//! of configs/default.toml.
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunConfig {
+    pub run: RunSection,
+    pub data: DataSection,
+    pub model: ModelSection,
+    pub optim: OptimSection,
+    pub batch: BatchSection,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunSection {
+    pub name: String,
+    /// Optimizer steps to train for (the total, counting resumed ones).
+    pub steps: u64,
+    pub seed: u64,
+    /// `auto`, `cpu`, `cuda` or `cuda:N`.
+    pub device: String,
+    /// Where checkpoints go; empty means `runs/<name>`.
+    pub checkpoint_dir: String,
+    /// Steps between periodic checkpoints; 0 writes only the final one.
+    pub checkpoint_every: u64,
+    /// Steps between validation passes; 0 evaluates only at the end.
+    pub eval_every: u64,
+    /// Validation windows per pass (each `batch.micro_batch` sequences).
+    pub eval_batches: usize,
+    /// Steps between headless progress lines.
+    pub progress_every: u64,
+    /// Sampler rate for host / device / allocator figures.
+    pub sample_hz: f64,
+}
+
+impl Default for RunSection {
+    fn default() -> Self {
+        RunSection {
+            name: "default".into(),
+            steps: 300,
+            seed: 1337,
+            device: "auto".into(),
+            checkpoint_dir: String::new(),
+            checkpoint_every: 100,
+            eval_every: 50,
+            eval_batches: 8,
+            progress_every: 10,
+            sample_hz: 4.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataSection {
+    /// Text file to train on; empty means the bundled tinyshakespeare.
+    pub corpus: String,
+    /// Share of the corpus (its tail) held out for validation.
+    pub val_fraction: f64,
+    /// Bytes per training sequence (the model's context length).
+    pub seq_len: usize,
+}
+
+impl Default for DataSection {
+    fn default() -> Self {
+        DataSection {
+            corpus: String::new(),
+            val_fraction: 0.1,
+            seq_len: 64,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelSection {
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_embd: usize,
+    /// Share the token embedding with the output head.
+    pub tie_weights: bool,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        ModelSection {
+            n_layer: 4,
+            n_head: 4,
+            n_embd: 128,
+            tie_weights: true,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OptimSection {
+    pub lr: f64,
+    /// Floor of the cosine decay.
+    pub min_lr: f64,
+    pub warmup_steps: u64,
+    pub weight_decay: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    /// Global gradient-norm clip; 0 disables clipping.
+    pub grad_clip: f64,
+}
+
+impl Default for OptimSection {
+    fn default() -> Self {
+        OptimSection {
+            lr: 3e-3,
+            min_lr: 3e-4,
+            warmup_steps: 20,
+            weight_decay: 0.1,
+            beta1: 0.9,
+            beta2: 0.99,
+            eps: 1e-8,
+            grad_clip: 1.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BatchSection {
+    /// Sequences per forward/backward pass.
+    pub micro_batch: usize,
+    /// Sequences per optimizer step; micro-batches are accumulated to reach it. 0 means
+    /// "same as micro_batch" (no accumulation).
+    pub effective_batch: usize,
+}
+
+impl Default for BatchSection {
+    fn default() -> Self {
+        BatchSection {
+            micro_batch: 32,
+            effective_batch: 0,
+        }
+    }
+}
+
+impl BatchSection {
+    /// Sequences per optimizer step.
+    pub fn effective(&self) -> usize {
+        if self.effective_batch == 0 {
+            self.micro_batch
+        } else {
+            self.effective_batch
+        }
+    }
+
+    /// Micro-batches per optimizer step; the last one may be smaller.
+    pub fn accum_steps(&self) -> usize {
+        self.effective().div_ceil(self.micro_batch.max(1))
+    }
+}
+
+/// Largest batch accepted: beyond this a typo (an extra zero or three) is likelier than
+/// intent, and the first step would try to allocate absurd memory.
+pub const MAX_BATCH: usize = 1 << 16;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DeviceChoice {
+    Auto,
+    Cpu,
+    Cuda(usize),
+}
+
+impl DeviceChoice {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let t = text.trim().to_ascii_lowercase();
+        match t.as_str() {
+            "auto" => Ok(DeviceChoice::Auto),
+            "cpu" => Ok(DeviceChoice::Cpu),
+            "cuda" | "gpu" => Ok(DeviceChoice::Cuda(0)),
+            _ => t
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(DeviceChoice::Cuda)
+                .ok_or_else(|| {
+                    format!("device '{text}' is not one of auto, cpu, cuda, cuda:N (e.g. cuda:0)")
+                }),
+        }
+    }
+}
+
+impl fmt::Display for DeviceChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceChoice::Auto => write!(f, "auto"),
+            DeviceChoice::Cpu => write!(f, "cpu"),
+            DeviceChoice::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ConfigError {
+    /// The file could not be read.
+    Read { path: PathBuf, reason: String },
+    /// Not TOML, an unknown key, or a value of the wrong type.
+    Parse { path: PathBuf, reason: String },
+    /// A value out of range; `key` is its dotted name, `fix` what to do.
+    Invalid { key: String, reason: String },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::Read { path, reason } => write!(
+                f,
+                "cannot read config {}: {reason}; check the path given to --config",
+                path.display()
+            ),
+            ConfigError::Parse { path, reason } => write!(
+                f,
+                "config {} is invalid: {}; see configs/default.toml for every key",
+                path.display(),
+                reason.trim().replace('\n', " ")
+            ),
+            ConfigError::Invalid { key, reason } => write!(f, "{key}: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.to_string(),
+        reason: reason.into(),
+    }
+}
+
+impl RunConfig {
+    pub fn from_toml_str(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })
+    }
+
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        Self::from_toml_str(&text, path)
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("a RunConfig always serializes")
+    }
+
+    pub fn device(&self) -> Result<DeviceChoice, ConfigError> {
+        DeviceChoice::parse(&self.run.device).map_err(|e| invalid("run.device", e))
+    }
+
+    /// Where checkpoints go when no directory was configured.
+    pub fn checkpoint_dir(&self) -> PathBuf {
+        if self.run.checkpoint_dir.is_empty() {
+            PathBuf::from("runs").join(&self.run.name)
+        } else {
+            PathBuf::from(&self.run.checkpoint_dir)
+        }
+    }
+
+    /// Every range check, with the key and the fix in the message.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let r = &self.run;
+        if r.steps == 0 {
+            return Err(invalid("run.steps (--steps)", "must be at least 1"));
+        }
+        if r.name.trim().is_empty() || r.name.contains(['/', '\\']) {
+            return Err(invalid(
+                "run.name",
+                format!("'{}' must be a non-empty name without slashes", r.name),
+            ));
+        }
+        self.device()?;
+        if !(r.sample_hz > 0.0 && r.sample_hz <= 100.0) {
+            return Err(invalid(
+                "run.sample_hz",
+                format!("{} is out of range; use a rate in (0, 100]", r.sample_hz),
+            ));
+        }
+        if r.eval_batches == 0 {
+            return Err(invalid("run.eval_batches", "must be at least 1"));
+        }
+        let d = &self.data;
+        if !(d.val_fraction > 0.0 && d.val_fraction <= 0.5) {
+            return Err(invalid(
+                "data.val_fraction",
+                format!("{} is out of range; use a share in (0, 0.5]", d.val_fraction),
+            ));
+        }
+        if d.seq_len < 2 || d.seq_len > 1 << 16 {
+            return Err(invalid(
+                "data.seq_len",
+                format!("{} is out of range; use 2 to 65536 bytes", d.seq_len),
+            ));
+        }
+        let m = &self.model;
+        if m.n_layer == 0 || m.n_head == 0 || m.n_embd == 0 {
+            return Err(invalid(
+                "model",
+                "n_layer, n_head and n_embd must each be at least 1",
+            ));
+        }
+        if m.n_embd % m.n_head != 0 {
+            return Err(invalid(
+                "model.n_embd",
+                format!(
+                    "{} is not divisible by model.n_head = {}; pick n_embd a multiple of n_head",
+                    m.n_embd, m.n_head
+                ),
+            ));
+        }
+        let o = &self.optim;
+        if !(o.lr > 0.0 && o.lr.is_finite()) {
+            return Err(invalid("optim.lr", "must be a positive number"));
+        }
+        if !(o.min_lr >= 0.0 && o.min_lr <= o.lr) {
+            return Err(invalid(
+                "optim.min_lr",
+                format!("{} must be between 0 and optim.lr = {}", o.min_lr, o.lr),
+            ));
+        }
+        for (key, v) in [("optim.beta1", o.beta1), ("optim.beta2", o.beta2)] {
+            if !(0.0..1.0).contains(&v) {
+                return Err(invalid(key, format!("{v} must be in [0, 1)")));
+            }
+        }
+        if !(o.eps > 0.0) || o.weight_decay < 0.0 || o.grad_clip < 0.0 {
+            return Err(invalid(
+                "optim",
+                "eps must be positive; weight_decay and grad_clip must not be negative",
+            ));
+        }
+        let b = &self.batch;
+        for (key, v) in [
+            ("batch.micro_batch (--batch-size)", b.micro_batch),
+            ("batch.effective_batch (--effective-batch)", b.effective()),
+        ] {
+            if v == 0 {
+                return Err(invalid(key, "must be at least 1"));
+            }
+            if v > MAX_BATCH {
+                return Err(invalid(
+                    key,
+                    format!("{v} is absurdly large; use at most {MAX_BATCH}"),
+                ));
+            }
+        }
+        if b.effective() < b.micro_batch {
+            return Err(invalid(
+                "batch.effective_batch (--effective-batch)",
+                format!(
+                    "{} is smaller than the micro-batch {}; raise it or lower --batch-size",
+                    b.effective(),
+                    b.micro_batch
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<RunConfig, ConfigError> {
+        RunConfig::from_toml_str(text, Path::new("test.toml"))
+    }
+
+    #[test]
+    fn shipped_configs_parse_and_validate() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&root).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let cfg = RunConfig::load(&path).unwrap_or_else(|e| panic!("{e}"));
+                cfg.validate().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                seen += 1;
+            }
+        }
+        assert!(seen >= 2, "expected default.toml and a GPU preset");
+    }
+
+    #[test]
+    fn default_toml_matches_built_in_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/default.toml");
+        assert_eq!(RunConfig::load(&path).unwrap(), RunConfig::default());
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = parse("[model]\nn_layers = 3\n").unwrap_err().to_string();
+        assert!(err.contains("n_layers"), "{err}");
+        assert!(err.contains("test.toml"), "{err}");
+        let err = parse("[modle]\n").unwrap_err().to_string();
+        assert!(err.contains("modle"), "{err}");
+    }
+
+    #[test]
+    fn malformed_toml_and_wrong_types_are_parse_errors() {
+        assert!(matches!(parse("[run\n"), Err(ConfigError::Parse { .. })));
+        let err = parse("[run]\nsteps = \"many\"\n").unwrap_err().to_string();
+        assert!(err.contains("steps"), "{err}");
+    }
+
+    #[test]
+    fn range_errors_name_the_key_and_flag() {
+        let mut c = RunConfig::default();
+        c.batch.micro_batch = 0;
+        assert!(c.validate().unwrap_err().to_string().contains("--batch-size"));
+        let mut c = RunConfig::default();
+        c.batch.micro_batch = 1 << 20;
+        assert!(c.validate().unwrap_err().to_string().contains("absurdly"));
+        let mut c = RunConfig::default();
+        c.model.n_embd = 130;
+        assert!(c.validate().unwrap_err().to_string().contains("n_head"));
+        let mut c = RunConfig::default();
+        c.batch.effective_batch = 8;
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("smaller than the micro-batch"));
+        let mut c = RunConfig::default();
+        c.run.device = "tpu".into();
+        assert!(c.validate().unwrap_err().to_string().contains("cuda:N"));
+    }
+
+    #[test]
+    fn accumulation_rounds_up() {
+        let b = BatchSection {
+            micro_batch: 12,
+            effective_batch: 32,
+        };
+        assert_eq!(b.accum_steps(), 3);
+        let b = BatchSection {
+            micro_batch: 8,
+            effective_batch: 0,
+        };
+        assert_eq!((b.effective(), b.accum_steps()), (8, 1));
+    }
+
+    #[test]
+    fn devices_parse() {
+        assert_eq!(DeviceChoice::parse("CUDA:1"), Ok(DeviceChoice::Cuda(1)));
+        assert_eq!(DeviceChoice::parse("cuda"), Ok(DeviceChoice::Cuda(0)));
+        assert_eq!(DeviceChoice::parse("auto"), Ok(DeviceChoice::Auto));
+        assert!(DeviceChoice::parse("cuda:x").is_err());
+    }
+}

@@ -1,0 +1,14 @@
+//! What headroom's threads say to each other, and the configuration they share.
+//!
+//! This crate has no libtorch: the UI and (later) the memory policy build and test in
+//! seconds against it, and the UI never links torch.
+pub mod bus;
+pub mod command;
+pub mod config;
+pub mod telemetry;
+pub mod units;
+
+pub use bus::{Bus, BusReceivers, LogLine};
+pub use command::Command;
+pub use config::{ConfigError, DeviceChoice, RunConfig};
+pub use telemetry::*;

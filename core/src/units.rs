@@ -1,0 +1,97 @@
+//! Human-readable byte sizes, both ways.
+
+/// Formats bytes with binary units: `512 B`, `1.5 KiB`, `6.00 GiB`.
+pub fn fmt_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    match unit {
+        0 => format!("{bytes} B"),
+        _ if value >= 100.0 => format!("{value:.0} {}", UNITS[unit]),
+        _ if value >= 10.0 => format!("{value:.1} {}", UNITS[unit]),
+        _ => format!("{value:.2} {}", UNITS[unit]),
+    }
+}
+
+/// Parses `6GiB`, `512MiB`, `1.5G`, `800mb`, `1024` (bytes). Both SI-looking and binary
+/// suffixes mean binary units: memory is sized in powers of two and nobody means 10^9
+/// when they type `6G` for a memory budget.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, suffix) = t.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("'{text}' is not a size; write e.g. 6GiB, 512MiB or 1048576"))?;
+    let mult: u64 = match suffix.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        other => {
+            return Err(format!(
+                "'{text}' has an unknown unit '{other}'; use B, KiB, MiB, GiB or TiB"
+            ))
+        }
+    };
+    let bytes = value * mult as f64;
+    if !bytes.is_finite() || bytes < 1.0 || bytes > u64::MAX as f64 {
+        return Err(format!("'{text}' is out of range; give a positive size"));
+    }
+    Ok(bytes as u64)
+}
+
+/// `1m05s`, `3h02m`, `42s`: compact durations for the header and progress lines.
+pub fn fmt_duration(secs: f64) -> String {
+    if !secs.is_finite() || secs < 0.0 {
+        return "--".into();
+    }
+    let s = secs.round() as u64;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_bytes_at_unit_boundaries() {
+        assert_eq!(fmt_bytes(0), "0 B");
+        assert_eq!(fmt_bytes(1023), "1023 B");
+        assert_eq!(fmt_bytes(1024), "1.00 KiB");
+        assert_eq!(fmt_bytes(1536 * 1024), "1.50 MiB");
+        assert_eq!(fmt_bytes(80 * (1 << 30)), "80.0 GiB");
+        assert_eq!(fmt_bytes(200 * (1 << 30)), "200 GiB");
+    }
+
+    #[test]
+    fn parses_sizes_and_rejects_garbage() {
+        assert_eq!(parse_bytes("6GiB").unwrap(), 6 << 30);
+        assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("1.5G").unwrap(), 3 << 29);
+        assert_eq!(parse_bytes(" 800mb ").unwrap(), 800 << 20);
+        assert_eq!(parse_bytes("4096").unwrap(), 4096);
+        assert!(parse_bytes("six gigs").unwrap_err().contains("not a size"));
+        assert!(parse_bytes("6XB").unwrap_err().contains("unknown unit"));
+        assert!(parse_bytes("0").unwrap_err().contains("out of range"));
+    }
+
+    #[test]
+    fn formats_durations() {
+        assert_eq!(fmt_duration(42.4), "42s");
+        assert_eq!(fmt_duration(65.0), "1m05s");
+        assert_eq!(fmt_duration(3.0 * 3600.0 + 120.0), "3h02m");
+        assert_eq!(fmt_duration(f64::NAN), "--");
+    }
+}
