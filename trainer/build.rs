@@ -23,13 +23,22 @@ fn main() {
         .file("shim/alloc_shim.cpp")
         .compile("headroom_alloc_shim");
 
-    // rustc links with --as-needed, which drops libtorch_cuda (nothing references it by
-    // symbol) and leaves CUDA "unavailable" on a GPU machine. The -as-needed modifier on a
-    // link-lib propagates to every binary downstream, unlike rustc-link-arg.
-    if lib.join("libtorch_cuda.so").exists() {
-        println!("cargo:rustc-link-lib=dylib:-as-needed=torch_cuda");
-    }
-    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
-    // Downstream build scripts read this as DEP_HEADROOM_SHIM_LIBTORCH_LIB for their rpath.
+    // Downstream build scripts read these as DEP_HEADROOM_SHIM_*; link args do not
+    // propagate from a library, so each package that links a binary emits its own.
     println!("cargo:libtorch_lib={}", lib.display());
+    for arg in link_args(&lib) {
+        println!("cargo:rustc-link-arg={arg}");
+    }
+}
+
+/// rpath to libtorch, and libtorch_cuda forced in: rustc links with --as-needed, which
+/// drops libtorch_cuda (nothing references it by symbol) and leaves CUDA "unavailable"
+/// on a GPU machine. (The `-as-needed` link-lib modifier would propagate, but is
+/// nightly-only.) Keep in step with the copy in ../build.rs.
+fn link_args(lib: &std::path::Path) -> Vec<String> {
+    let mut args = vec![format!("-Wl,-rpath,{}", lib.display())];
+    if lib.join("libtorch_cuda.so").exists() {
+        args.push("-Wl,--no-as-needed,-ltorch_cuda,--as-needed".into());
+    }
+    args
 }

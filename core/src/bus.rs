@@ -103,6 +103,15 @@ impl Bus {
         }
     }
 
+    /// A bus that reaches the UI only: for the log writer's own notices, which must not
+    /// feed back into the log channel it drains.
+    pub fn ui_only(&self) -> Bus {
+        Bus {
+            log: None,
+            ..self.clone()
+        }
+    }
+
     /// High-rate messages dropped so far because a consumer lagged.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)

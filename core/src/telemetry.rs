@@ -274,3 +274,26 @@ mod tests {
         assert_eq!(AllocatorStats::default().fragmentation(), 0.0);
     }
 }
+
+#[cfg(test)]
+mod schema_doc {
+    /// docs/LOG_SCHEMA.md must describe every kind the log can hold.
+    #[test]
+    fn every_kind_is_documented() {
+        let doc = include_str!("../../docs/LOG_SCHEMA.md");
+        for kind in [
+            "run_started",
+            "step",
+            "eval",
+            "sample",
+            "status",
+            "notice",
+            "checkpoint_saved",
+            "command_applied",
+            "finished",
+            "failed",
+        ] {
+            assert!(doc.contains(&format!("| `{kind}` |")), "{kind} missing");
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! Headless mode: the same run, with one-line progress on stderr instead of a screen.
+use std::io::Write;
+
+use crossbeam_channel::{select, Receiver};
+use headroom_core::units::{fmt_bytes, fmt_duration};
+use headroom_core::{Level, RunSummary, StepMetrics, Telemetry};
+
+/// What the run ended with, as seen from the telemetry stream.
+#[derive(Debug, Default)]
+pub struct StreamEnd {
+    pub summary: Option<RunSummary>,
+    pub failure: Option<String>,
+}
+
+/// Turns telemetry into progress lines. Kept apart from the loop so it is testable.
+#[derive(Default)]
+pub struct Progress {
+    every: u64,
+    rss: Option<u64>,
+    gpu_used: Option<(u64, u64)>,
+}
+
+impl Progress {
+    pub fn new(every: u64) -> Progress {
+        Progress {
+            every: every.max(1),
+            ..Default::default()
+        }
+    }
+
+    /// The line to print for `msg`, if any.
+    pub fn line(&mut self, msg: &Telemetry) -> Option<String> {
+        match msg {
+            Telemetry::RunStarted(info) => Some(format!(
+                "headroom: run '{}' on {} ({}), {:.2}M parameters, steps {}..{}",
+                info.run_name,
+                info.device,
+                info.device_name,
+                info.parameters as f64 / 1e6,
+                info.start_step + 1,
+                info.total_steps
+            )),
+            Telemetry::Step(s) if s.step % self.every == 0 || s.step == s.total_steps => {
+                Some(self.step_line(s))
+            }
+            Telemetry::Sample(sample) => {
+                self.rss = Some(sample.host.process_rss);
+                self.gpu_used = sample.gpu.as_ref().map(|g| (g.mem_used, g.mem_total));
+                None
+            }
+            Telemetry::Eval(e) => Some(format!(
+                "eval step {:>6}: val loss {:.4}  train loss {:.4}",
+                e.step, e.val_loss, e.train_loss
+            )),
+            Telemetry::Notice(n) => {
+                let tag = match n.level {
+                    Level::Info => "note",
+                    Level::Warn => "warning",
+                    Level::Error => "error",
+                };
+                Some(format!("{tag} [{}]: {}", n.source, n.text))
+            }
+            Telemetry::CheckpointSaved { step, path } => {
+                Some(format!("checkpoint at step {step}: {path}"))
+            }
+            Telemetry::Failed { reason } => Some(format!("run failed: {reason}")),
+            _ => None,
+        }
+    }
+
+    fn step_line(&self, s: &StepMetrics) -> String {
+        let eta = (s.total_steps.saturating_sub(s.step)) as f64 * s.step_time_s;
+        let mem = match (self.gpu_used, self.rss) {
+            (Some((used, total)), _) => format!("gpu {}/{}", fmt_bytes(used), fmt_bytes(total)),
+            (None, Some(rss)) => format!("rss {}", fmt_bytes(rss)),
+            (None, None) => String::new(),
+        };
+        format!(
+            "step {:>6}/{}  loss {:.4}  lr {:.2e}  {:.1} steps/s  {:.0} tok/s  batch {}x{}={}  {}  eta {}",
+            s.step,
+            s.total_steps,
+            s.loss,
+            s.lr,
+            1.0 / s.step_time_s.max(1e-9),
+            s.tokens_per_s,
+            s.micro_batch,
+            s.accum_steps,
+            s.effective_batch,
+            mem,
+            fmt_duration(eta)
+        )
+    }
+}
+
+/// Prints progress until the run finishes or fails (or the trainer goes away).
+pub fn run(
+    events: Receiver<Telemetry>,
+    metrics: Receiver<Telemetry>,
+    progress_every: u64,
+) -> StreamEnd {
+    let mut progress = Progress::new(progress_every);
+    let mut end = StreamEnd::default();
+    let stderr = std::io::stderr();
+    loop {
+        let msg = select! {
+            recv(events) -> m => match m { Ok(m) => m, Err(_) => break },
+            recv(metrics) -> m => match m { Ok(m) => m, Err(_) => continue },
+        };
+        if let Some(line) = progress.line(&msg) {
+            let _ = writeln!(stderr.lock(), "{line}");
+        }
+        match msg {
+            Telemetry::Finished(s) => {
+                end.summary = Some(s);
+                break;
+            }
+            Telemetry::Failed { reason } => {
+                end.failure = Some(reason);
+                break;
+            }
+            _ => {}
+        }
+    }
+    end
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use headroom_core::{HostStats, SystemSample};
+
+    fn step(n: u64) -> Telemetry {
+        Telemetry::Step(StepMetrics {
+            step: n,
+            total_steps: 100,
+            loss: 2.5,
+            lr: 1e-3,
+            grad_norm: 1.0,
+            step_time_s: 0.5,
+            tokens_per_s: 4096.0,
+            samples_per_s: 64.0,
+            micro_batch: 16,
+            accum_steps: 2,
+            effective_batch: 32,
+            seq_len: 64,
+            tokens_seen: n * 2048,
+        })
+    }
+
+    #[test]
+    fn prints_every_nth_step_and_the_last() {
+        let mut p = Progress::new(10);
+        assert!(p.line(&step(9)).is_none());
+        let line = p.line(&step(10)).unwrap();
+        assert!(line.contains("step     10/100"), "{line}");
+        assert!(line.contains("batch 16x2=32"), "{line}");
+        assert!(line.contains("eta 45s"), "{line}");
+        assert!(p.line(&step(100)).is_some());
+    }
+
+    #[test]
+    fn shows_latest_memory_figure() {
+        let mut p = Progress::new(1);
+        p.line(&Telemetry::Sample(SystemSample {
+            host: HostStats {
+                process_rss: 300 << 20,
+                ..Default::default()
+            },
+            ..Default::default()
+        }));
+        assert!(p.line(&step(1)).unwrap().contains("rss 300 MiB"));
+    }
+}

@@ -1,0 +1,182 @@
+//! The sampler thread: host, NVML and allocator figures at a fixed rate, off the
+//! trainer's hot path. Every source that is missing becomes one notice, then silence.
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{bounded, Sender};
+use headroom_core::{Bus, GpuStats, HostStats, Level, Notice, SystemSample, Telemetry};
+use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
+use nvml_wrapper::Nvml;
+use sysinfo::{Pid, ProcessRefreshKind, ProcessesToUpdate, System};
+
+/// Which accelerator the run uses; `None` for a CPU run (then GPU figures would describe
+/// a device the run does not touch, so none are read).
+pub type CudaIndex = Option<usize>;
+
+pub struct Sampler {
+    stop: Sender<()>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Sampler {
+    pub fn start(bus: Bus, cuda: CudaIndex, hz: f64) -> Sampler {
+        let (stop, stopped) = bounded::<()>(1);
+        let period = Duration::from_secs_f64(1.0 / hz);
+        let thread = std::thread::Builder::new()
+            .name("sampler".into())
+            .spawn(move || {
+                let mut sources = Sources::open(&bus, cuda);
+                loop {
+                    bus.send(Telemetry::Sample(sources.read(&bus)));
+                    // recv_timeout doubles as an interruptible sleep: stop is prompt.
+                    match stopped.recv_timeout(period) {
+                        Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                        _ => break,
+                    }
+                }
+            })
+            .expect("spawning the sampler thread");
+        Sampler {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        let _ = self.stop.try_send(());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Sources {
+    sys: Option<System>,
+    pid: Option<Pid>,
+    nvml: Option<Nvml>,
+    cuda: CudaIndex,
+    gpu_failed: bool,
+    allocator_failed: bool,
+}
+
+impl Sources {
+    fn open(bus: &Bus, cuda: CudaIndex) -> Sources {
+        let sys = match System::new() {
+            Ok(s) => Some(s),
+            Err(e) => {
+                notice(bus, Level::Warn, "host", format!("host figures unavailable: {e}"));
+                None
+            }
+        };
+        let nvml = match Nvml::init() {
+            Ok(n) => Some(n),
+            Err(e) => {
+                let what = if cuda.is_some() {
+                    "GPU memory, utilisation and power are not shown"
+                } else {
+                    "no NVIDIA driver on this machine; device figures are not shown"
+                };
+                notice(bus, Level::Info, "nvml", format!("NVML unavailable ({e}): {what}"));
+                None
+            }
+        };
+        Sources {
+            sys,
+            pid: sysinfo::get_current_pid().ok(),
+            nvml,
+            cuda,
+            gpu_failed: false,
+            allocator_failed: false,
+        }
+    }
+
+    fn read(&mut self, bus: &Bus) -> SystemSample {
+        SystemSample {
+            host: self.host(),
+            gpu: self.gpu(bus),
+            allocator: self.allocator(bus),
+        }
+    }
+
+    fn host(&mut self) -> HostStats {
+        let Some(sys) = self.sys.as_mut() else {
+            return HostStats::default();
+        };
+        sys.refresh_cpu_usage();
+        sys.refresh_memory();
+        let mut rss = 0;
+        if let Some(pid) = self.pid {
+            sys.refresh_processes_specifics(
+                ProcessesToUpdate::Some(&[pid]),
+                false,
+                ProcessRefreshKind::nothing().with_memory(),
+            );
+            rss = sys.process(pid).map(|p| p.memory()).unwrap_or(0);
+        }
+        HostStats {
+            cpu_percent: sys.global_cpu_usage(),
+            mem_used: sys.used_memory(),
+            mem_total: sys.total_memory(),
+            process_rss: rss,
+        }
+    }
+
+    fn gpu(&mut self, bus: &Bus) -> Option<GpuStats> {
+        let (nvml, index) = (self.nvml.as_ref()?, self.cuda? as u32);
+        if self.gpu_failed {
+            return None;
+        }
+        let read = || -> Result<GpuStats, nvml_wrapper::error::NvmlError> {
+            let dev = nvml.device_by_index(index)?;
+            let mem = dev.memory_info()?;
+            Ok(GpuStats {
+                index,
+                name: dev.name().unwrap_or_else(|_| format!("cuda:{index}")),
+                mem_used: mem.used,
+                mem_total: mem.total,
+                util_percent: dev.utilization_rates().ok().map(|u| u.gpu),
+                temperature_c: dev.temperature(TemperatureSensor::Gpu).ok(),
+                power_w: dev.power_usage().ok().map(|mw| mw as f64 / 1000.0),
+            })
+        };
+        match read() {
+            Ok(g) => Some(g),
+            Err(e) => {
+                self.gpu_failed = true;
+                notice(
+                    bus,
+                    Level::Warn,
+                    "nvml",
+                    format!("NVML stopped answering for GPU {index} ({e}); GPU figures hidden, training continues"),
+                );
+                None
+            }
+        }
+    }
+
+    fn allocator(&mut self, bus: &Bus) -> Option<headroom_core::AllocatorStats> {
+        let index = self.cuda?;
+        if self.allocator_failed {
+            return None;
+        }
+        match headroom_trainer::alloc_stats::device_stats(index)? {
+            Ok(s) => Some(s),
+            Err(e) => {
+                self.allocator_failed = true;
+                notice(
+                    bus,
+                    Level::Warn,
+                    "allocator",
+                    format!("allocator statistics unavailable: {e}"),
+                );
+                None
+            }
+        }
+    }
+}
+
+fn notice(bus: &Bus, level: Level, source: &str, text: String) {
+    bus.send(Telemetry::Notice(Notice::new(level, source, text)));
+}

@@ -1,0 +1,48 @@
+//! Helpers shared by the end-to-end tests, which drive the real `headroom` binary.
+#![allow(dead_code)]
+pub mod pty;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn bin() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_headroom"));
+    // Keep tests hermetic: no NVML notices differ between machines in what we assert.
+    cmd.env_remove("LD_LIBRARY_PATH");
+    cmd
+}
+
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// `headroom train --headless --config tiny.toml ARGS...` in `dir`.
+pub fn train_tiny(dir: &Path, args: &[&str]) -> Output {
+    bin()
+        .current_dir(dir)
+        .arg("train")
+        .arg("--headless")
+        .arg("--config")
+        .arg(fixture("tiny.toml"))
+        .args(args)
+        .output()
+        .expect("running headroom")
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Every JSON record of a run log.
+pub fn read_log(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad log line {l}: {e}")))
+        .collect()
+}
+
+pub fn of_kind<'a>(log: &'a [serde_json::Value], kind: &str) -> Vec<&'a serde_json::Value> {
+    log.iter().filter(|r| r["kind"] == kind).collect()
+}

@@ -1,0 +1,119 @@
+//! Runs the real binary on a pseudo-terminal, so raw mode, the alternate screen and their
+//! restoration happen as they do for a user.
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub struct Pty {
+    master: std::fs::File,
+    pub child: Child,
+    output: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Pty {
+    pub fn spawn(mut cmd: Command, cols: u16, rows: u16) -> Pty {
+        let (mut master, mut slave) = (0, 0);
+        let size = libc::winsize {
+            ws_row: rows,
+            ws_col: cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        // SAFETY: openpty writes two fds; the null pointers mean default name/termios.
+        let rc = unsafe {
+            libc::openpty(
+                &mut master,
+                &mut slave,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                &size,
+            )
+        };
+        assert_eq!(rc, 0, "openpty failed");
+        // SAFETY: both fds were just returned by openpty and are owned here.
+        let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+        cmd.stdin(Stdio::from(slave.try_clone().unwrap()))
+            .stdout(Stdio::from(slave.try_clone().unwrap()))
+            .stderr(Stdio::from(slave.try_clone().unwrap()))
+            .env("TERM", "xterm-256color");
+        // SAFETY: setsid and TIOCSCTTY are async-signal-safe; they make the pty the
+        // child's controlling terminal, as a shell would.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().expect("spawning on a pty");
+        drop(slave);
+        let master = std::fs::File::from(master);
+        let output = Arc::new(Mutex::new(Vec::new()));
+        let (mut reader, sink) = (master.try_clone().unwrap(), Arc::clone(&output));
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            // EIO once the child and every copy of the slave are gone.
+            while let Ok(n) = reader.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        Pty {
+            master,
+            child,
+            output,
+        }
+    }
+
+    pub fn send(&mut self, bytes: &[u8]) {
+        self.master.write_all(bytes).unwrap();
+        self.master.flush().unwrap();
+    }
+
+    pub fn output(&self) -> String {
+        String::from_utf8_lossy(&self.output.lock().unwrap()).into_owned()
+    }
+
+    /// Waits until the screen output contains `needle`.
+    pub fn wait_for(&self, needle: &str, timeout: Duration) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if self.output().contains(needle) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    /// (canonical mode, echo) of the terminal right now: both off while a TUI holds raw
+    /// mode, both on for a restored shell terminal.
+    pub fn line_discipline(&self) -> (bool, bool) {
+        // SAFETY: tcgetattr fills the struct for a valid tty fd.
+        let mut t: libc::termios = unsafe { std::mem::zeroed() };
+        let rc = unsafe { libc::tcgetattr(self.master.as_raw_fd(), &mut t) };
+        assert_eq!(rc, 0, "tcgetattr on the pty");
+        (t.c_lflag & libc::ICANON != 0, t.c_lflag & libc::ECHO != 0)
+    }
+
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        None
+    }
+}

@@ -1,0 +1,56 @@
+//! A real (tiny) training run through the binary, headless, with a JSONL log.
+mod common;
+
+use common::{of_kind, read_log, stderr, train_tiny};
+
+#[test]
+fn headless_run_logs_every_step_and_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = train_tiny(dir.path(), &["--log", "logs/run.jsonl", "--checkpoint-dir", "ck"]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "stderr: {err}");
+
+    let log = read_log(&dir.path().join("logs/run.jsonl"));
+    let steps: Vec<u64> = of_kind(&log, "step")
+        .iter()
+        .map(|r| r["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(steps, (1..=20).collect::<Vec<_>>(), "one step record per step");
+    for r in &log {
+        assert!(r["ts"].as_f64().unwrap() > 1.0e9, "unix timestamp: {r}");
+        assert!(r["t"].as_f64().unwrap() >= 0.0);
+    }
+    assert_eq!(of_kind(&log, "run_started").len(), 1);
+    assert_eq!(log.last().unwrap()["kind"], "finished");
+    let evals = of_kind(&log, "eval");
+    assert!(evals.len() >= 2, "eval at step 10 and at the end");
+    assert!(!of_kind(&log, "sample").is_empty(), "sampler ran");
+    let first = of_kind(&log, "step")[0]["loss"].as_f64().unwrap();
+    let last = evals.last().unwrap()["val_loss"].as_f64().unwrap();
+    assert!(last < first, "the model learned: {first} -> {last}");
+
+    // Progress on stderr, summary on stdout.
+    assert!(err.contains("step     20/20"), "{err}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("completed at step 20/20"), "{stdout}");
+    assert!(dir.path().join("ck/latest").exists(), "final checkpoint written");
+}
+
+#[test]
+fn no_gpu_is_a_notice_not_a_failure() {
+    // On this CI machine there is neither a driver nor a GPU: the run must say so and
+    // go on. On a GPU machine the same run must simply succeed.
+    let dir = tempfile::tempdir().unwrap();
+    let out = train_tiny(dir.path(), &["--steps", "2", "--log", "run.jsonl"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let log = read_log(&dir.path().join("run.jsonl"));
+    let started = of_kind(&log, "run_started");
+    let device = started[0]["device"].as_str().unwrap();
+    if device == "cpu" {
+        let notices = of_kind(&log, "notice");
+        assert!(
+            notices.iter().any(|n| n["source"] == "nvml" || n["source"] == "device"),
+            "expected a notice about the missing GPU/driver: {notices:?}"
+        );
+    }
+}
