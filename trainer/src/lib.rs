@@ -1,3 +1,11 @@
 //! headroom's trainer: a byte-level GPT trained with libtorch through tch, on a thread
 //! of its own that owns every tensor.
 pub mod alloc_stats;
+pub mod checkpoint;
+pub mod data;
+pub mod device;
+pub mod model;
+pub mod optim;
+pub mod runner;
+pub mod schedule;
+pub mod step;

@@ -1,0 +1,535 @@
+//! Checkpoints: one directory per saved step under a checkpoint root.
+//!
+//! ```text
+//! <root>/step-000120/model.safetensors      parameters (VarStore)
+//! <root>/step-000120/optimizer.safetensors  AdamW moments and step counter
+//! <root>/step-000120/state.json             format version, step, seed, tokens, config,
+//!                                           model fingerprint
+//! <root>/latest                             "step-000120"
+//! ```
+//!
+//! A save never leaves a half-written checkpoint where a resume would find it: everything
+//! goes into `<root>/.tmp-step-NNNNNN`, is fsynced, and the directory is renamed into
+//! place; only then is `latest` replaced (write `latest.tmp`, rename). A crash at any point
+//! leaves the previous checkpoint reachable, plus at most a `.tmp-*` directory that loading
+//! ignores and the next save removes.
+use std::collections::HashMap;
+use std::fmt;
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use headroom_core::RunConfig;
+use serde::{Deserialize, Serialize};
+use tch::Tensor;
+
+use crate::model::Gpt;
+use crate::optim::AdamW;
+
+/// Bumped when the layout changes incompatibly; a build refuses newer checkpoints.
+pub const FORMAT_VERSION: u32 = 1;
+/// How many step directories a save leaves behind.
+pub const KEEP: usize = 2;
+
+const MODEL_FILE: &str = "model.safetensors";
+const OPTIM_FILE: &str = "optimizer.safetensors";
+const STATE_FILE: &str = "state.json";
+const LATEST: &str = "latest";
+const TMP_PREFIX: &str = ".tmp-";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ParamShape {
+    pub name: String,
+    pub shape: Vec<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointState {
+    pub format_version: u32,
+    /// Optimizer steps completed.
+    pub step: u64,
+    pub seed: u64,
+    pub tokens_seen: u64,
+    pub config: RunConfig,
+    /// Every parameter's name and shape.
+    pub model: Vec<ParamShape>,
+}
+
+impl CheckpointState {
+    pub fn new(step: u64, tokens_seen: u64, config: &RunConfig, model: &Gpt) -> Self {
+        CheckpointState {
+            format_version: FORMAT_VERSION,
+            step,
+            seed: config.run.seed,
+            tokens_seen,
+            config: config.clone(),
+            model: fingerprint(model),
+        }
+    }
+}
+
+fn fingerprint(model: &Gpt) -> Vec<ParamShape> {
+    model
+        .fingerprint()
+        .into_iter()
+        .map(|(name, shape)| ParamShape { name, shape })
+        .collect()
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum CheckpointError {
+    /// The checkpoint root cannot be created or written.
+    NotWritable {
+        root: PathBuf,
+        reason: String,
+    },
+    /// Writing a checkpoint failed part-way (the previous one is intact).
+    Write {
+        path: PathBuf,
+        reason: String,
+    },
+    Missing {
+        path: PathBuf,
+    },
+    NotACheckpoint {
+        path: PathBuf,
+    },
+    Incomplete {
+        dir: PathBuf,
+        file: String,
+    },
+    Corrupt {
+        file: PathBuf,
+        reason: String,
+    },
+    NewerFormat {
+        dir: PathBuf,
+        found: u64,
+    },
+    ModelMismatch {
+        dir: PathBuf,
+        detail: String,
+    },
+}
+
+impl fmt::Display for CheckpointError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const OTHER: &str = "resume from another step-NNNNNN directory or start a fresh run";
+        match self {
+            CheckpointError::NotWritable { root, reason } => write!(
+                f,
+                "cannot write checkpoints to {}: {reason}; choose another --checkpoint-dir",
+                root.display()
+            ),
+            CheckpointError::Write { path, reason } => write!(
+                f,
+                "writing checkpoint {} failed: {reason}; check free space and permissions of \
+                 the --checkpoint-dir (the previous checkpoint is intact)",
+                path.display()
+            ),
+            CheckpointError::Missing { path } => write!(
+                f,
+                "checkpoint {} does not exist; check the path given to --resume",
+                path.display()
+            ),
+            CheckpointError::NotACheckpoint { path } => write!(
+                f,
+                "{} is not a headroom checkpoint (no {STATE_FILE}, no {LATEST} file, no \
+                 step-NNNNNN directory); pass a checkpoint directory or one of its \
+                 step-NNNNNN directories to --resume",
+                path.display()
+            ),
+            CheckpointError::Incomplete { dir, file } => write!(
+                f,
+                "checkpoint {} is incomplete: {file} is missing; {OTHER}",
+                dir.display()
+            ),
+            CheckpointError::Corrupt { file, reason } => write!(
+                f,
+                "checkpoint file {} is truncated or corrupt ({reason}); {OTHER}",
+                file.display()
+            ),
+            CheckpointError::NewerFormat { dir, found } => write!(
+                f,
+                "checkpoint {} was written by a newer headroom (format {found}; this build \
+                 reads format {FORMAT_VERSION}); upgrade headroom to resume it",
+                dir.display()
+            ),
+            CheckpointError::ModelMismatch { dir, detail } => write!(
+                f,
+                "checkpoint {} is for a different model: {detail}; resume with the \
+                 checkpoint's own model settings, or start a fresh run in another \
+                 --checkpoint-dir",
+                dir.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for CheckpointError {}
+
+/// Creates `root` if needed and proves a file can be written there, so a bad
+/// --checkpoint-dir fails before training instead of at the first save.
+pub fn check_writable(root: &Path) -> Result<(), CheckpointError> {
+    let err = |e: std::io::Error| CheckpointError::NotWritable {
+        root: root.to_path_buf(),
+        reason: e.to_string(),
+    };
+    fs::create_dir_all(root).map_err(err)?;
+    let probe = root.join(format!(".write-probe-{}", std::process::id()));
+    File::create(&probe)
+        .and_then(|mut f| f.write_all(b"ok"))
+        .map_err(err)?;
+    fs::remove_file(&probe).map_err(err)?;
+    Ok(())
+}
+
+/// The directory name of step `step`.
+pub fn step_dir_name(step: u64) -> String {
+    format!("step-{step:06}")
+}
+
+fn parse_step_dir(name: &str) -> Option<u64> {
+    name.strip_prefix("step-")
+        .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|n| n.parse().ok())
+}
+
+/// Writes a checkpoint of `model` and `opt` under `root` atomically, points `latest` at
+/// it and prunes all but the [`KEEP`] newest. Returns the step directory.
+pub fn save(
+    root: &Path,
+    model: &Gpt,
+    opt: &AdamW,
+    state: &CheckpointState,
+) -> Result<PathBuf, CheckpointError> {
+    let name = step_dir_name(state.step);
+    let tmp = root.join(format!("{TMP_PREFIX}{name}"));
+    let dir = root.join(&name);
+    let werr = |path: &Path, e: &dyn fmt::Display| CheckpointError::Write {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    };
+
+    fs::create_dir_all(root).map_err(|e| werr(root, &e))?;
+    if tmp.exists() {
+        fs::remove_dir_all(&tmp).map_err(|e| werr(&tmp, &e))?;
+    }
+    fs::create_dir(&tmp).map_err(|e| werr(&tmp, &e))?;
+
+    let write_all = || -> Result<(), CheckpointError> {
+        let model_path = tmp.join(MODEL_FILE);
+        model
+            .var_store()
+            .save(&model_path)
+            .map_err(|e| werr(&model_path, &e))?;
+        let optim_path = tmp.join(OPTIM_FILE);
+        Tensor::write_safetensors(&opt.state_tensors(), &optim_path)
+            .map_err(|e| werr(&optim_path, &e))?;
+        let state_path = tmp.join(STATE_FILE);
+        let json = serde_json::to_vec_pretty(state).map_err(|e| werr(&state_path, &e))?;
+        fs::write(&state_path, json).map_err(|e| werr(&state_path, &e))?;
+        for file in [&model_path, &optim_path, &state_path] {
+            fsync(file).map_err(|e| werr(file, &e))?;
+        }
+        fsync(&tmp).map_err(|e| werr(&tmp, &e))
+    };
+    if let Err(e) = write_all() {
+        let _ = fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+
+    // rename(2) cannot replace a non-empty directory. The target exists only when a step
+    // is saved twice (same training state), so delete-then-rename risks nothing new.
+    if dir.exists() {
+        fs::remove_dir_all(&dir).map_err(|e| werr(&dir, &e))?;
+    }
+    fs::rename(&tmp, &dir).map_err(|e| werr(&dir, &e))?;
+
+    let latest_tmp = root.join(format!("{LATEST}.tmp"));
+    fs::write(&latest_tmp, format!("{name}\n")).map_err(|e| werr(&latest_tmp, &e))?;
+    fsync(&latest_tmp).map_err(|e| werr(&latest_tmp, &e))?;
+    fs::rename(&latest_tmp, root.join(LATEST)).map_err(|e| werr(&latest_tmp, &e))?;
+    fsync(root).map_err(|e| werr(root, &e))?;
+
+    prune(root, &name);
+    Ok(dir)
+}
+
+fn fsync(path: &Path) -> std::io::Result<()> {
+    File::open(path)?.sync_all()
+}
+
+/// Deletes step directories beyond the [`KEEP`] newest and stale temp directories.
+/// Failures are ignored: a leftover directory wastes disk, nothing more.
+fn prune(root: &Path, current: &str) {
+    let Ok(entries) = fs::read_dir(root) else {
+        return;
+    };
+    let mut steps = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(step) = parse_step_dir(&name) {
+            steps.push((step, entry.path()));
+        } else if name.starts_with(TMP_PREFIX) && entry.path().is_dir() {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
+    steps.sort();
+    let excess = steps.len().saturating_sub(KEEP);
+    for (_, path) in steps.into_iter().take(excess) {
+        if path.file_name().is_some_and(|n| n != current) {
+            let _ = fs::remove_dir_all(path);
+        }
+    }
+}
+
+/// A checkpoint found on disk, its state read and checked; tensors not loaded yet.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    pub dir: PathBuf,
+    pub state: CheckpointState,
+}
+
+/// Finds the checkpoint at `path`: a step directory, or a root (through `latest`, or its
+/// newest step directory when `latest` is gone), and reads its state.
+pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
+    let dir = locate(path)?;
+    let state = read_state(&dir)?;
+    Ok(Checkpoint { dir, state })
+}
+
+fn locate(path: &Path) -> Result<PathBuf, CheckpointError> {
+    if !path.exists() {
+        return Err(CheckpointError::Missing {
+            path: path.to_path_buf(),
+        });
+    }
+    if path.join(STATE_FILE).exists() {
+        return Ok(path.to_path_buf());
+    }
+    let latest = path.join(LATEST);
+    if latest.exists() {
+        let name = fs::read_to_string(&latest).map_err(|e| CheckpointError::Corrupt {
+            file: latest.clone(),
+            reason: e.to_string(),
+        })?;
+        let name = name.trim();
+        if parse_step_dir(name).is_none() {
+            return Err(CheckpointError::Corrupt {
+                file: latest,
+                reason: format!("'{name}' is not a step-NNNNNN name"),
+            });
+        }
+        let dir = path.join(name);
+        if !dir.is_dir() {
+            return Err(CheckpointError::Incomplete {
+                dir: path.to_path_buf(),
+                file: name.to_string(),
+            });
+        }
+        return Ok(dir);
+    }
+    // Only step directories were renamed into place completely; temp ones are skipped.
+    let newest = fs::read_dir(path)
+        .ok()
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            parse_step_dir(&name).map(|s| (s, e.path()))
+        })
+        .filter(|(_, p)| p.is_dir())
+        .max();
+    match newest {
+        Some((_, dir)) => Ok(dir),
+        None if path.join(MODEL_FILE).exists() => Err(CheckpointError::Incomplete {
+            dir: path.to_path_buf(),
+            file: STATE_FILE.into(),
+        }),
+        None => Err(CheckpointError::NotACheckpoint {
+            path: path.to_path_buf(),
+        }),
+    }
+}
+
+fn read_state(dir: &Path) -> Result<CheckpointState, CheckpointError> {
+    let file = dir.join(STATE_FILE);
+    let corrupt = |reason: String| CheckpointError::Corrupt {
+        file: file.clone(),
+        reason,
+    };
+    let bytes = match fs::read(&file) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(CheckpointError::Incomplete {
+                dir: dir.to_path_buf(),
+                file: STATE_FILE.into(),
+            })
+        }
+        Err(e) => return Err(corrupt(e.to_string())),
+    };
+    // The version first: a newer format may not parse as this one, and "upgrade" is the
+    // right advice then, not "corrupt".
+    let value: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| corrupt(format!("invalid JSON: {e}")))?;
+    let version = value
+        .get("format_version")
+        .and_then(|v| v.as_u64())
+        .ok_or_else(|| corrupt("no format_version".into()))?;
+    if version > u64::from(FORMAT_VERSION) {
+        return Err(CheckpointError::NewerFormat {
+            dir: dir.to_path_buf(),
+            found: version,
+        });
+    }
+    serde_json::from_value(value).map_err(|e| corrupt(e.to_string()))
+}
+
+impl Checkpoint {
+    /// Fails, naming the first differing parameter, unless `model` has exactly the
+    /// parameters (names and shapes) this checkpoint was written for.
+    pub fn verify_model(&self, model: &Gpt) -> Result<(), CheckpointError> {
+        let mismatch = |detail: String| CheckpointError::ModelMismatch {
+            dir: self.dir.clone(),
+            detail,
+        };
+        let ours: HashMap<String, Vec<i64>> = model.fingerprint().into_iter().collect();
+        let theirs: HashMap<&str, &Vec<i64>> = self
+            .state
+            .model
+            .iter()
+            .map(|p| (p.name.as_str(), &p.shape))
+            .collect();
+        let mut names: Vec<&String> = ours.keys().collect();
+        names.sort();
+        for name in names {
+            match theirs.get(name.as_str()) {
+                None => {
+                    return Err(mismatch(format!(
+                        "this model's parameter {name} is not in the checkpoint"
+                    )))
+                }
+                Some(shape) if **shape != ours[name] => {
+                    return Err(mismatch(format!(
+                        "parameter {name} has shape {:?} in the checkpoint but {:?} here",
+                        shape, ours[name]
+                    )))
+                }
+                Some(_) => {}
+            }
+        }
+        if let Some(extra) = self
+            .state
+            .model
+            .iter()
+            .find(|p| !ours.contains_key(&p.name))
+        {
+            return Err(mismatch(format!(
+                "the checkpoint's parameter {} is not in this model",
+                extra.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Loads parameters and optimizer state into `model` and `opt` (after
+    /// [`Checkpoint::verify_model`]). Every tensor is read and checked before any is copied.
+    pub fn restore(&self, model: &Gpt, opt: &mut AdamW) -> Result<(), CheckpointError> {
+        self.verify_model(model)?;
+        let params = self.read_tensors(MODEL_FILE)?;
+        let model_file = self.dir.join(MODEL_FILE);
+        let corrupt = |file: &Path, reason: String| CheckpointError::Corrupt {
+            file: file.to_path_buf(),
+            reason,
+        };
+        let mut pairs = Vec::new();
+        for (name, param) in model.named_parameters() {
+            let src = params
+                .get(&name)
+                .ok_or_else(|| corrupt(&model_file, format!("it lacks parameter {name}")))?;
+            if src.size() != param.size() {
+                return Err(corrupt(
+                    &model_file,
+                    format!(
+                        "parameter {name} has shape {:?}, state.json says {:?}",
+                        src.size(),
+                        param.size()
+                    ),
+                ));
+            }
+            pairs.push((param, src));
+        }
+        let optim: Vec<(String, Tensor)> = self.read_tensors(OPTIM_FILE)?.into_iter().collect();
+        let optim_file = self.dir.join(OPTIM_FILE);
+        opt.load_state(&optim)
+            .map_err(|e| corrupt(&optim_file, e.to_string()))?;
+        let _guard = tch::no_grad_guard();
+        for (mut param, src) in pairs {
+            src.f_to_kind(param.kind())
+                .and_then(|s| param.f_copy_(&s))
+                .map_err(|e| corrupt(&model_file, e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    fn read_tensors(&self, file: &str) -> Result<HashMap<String, Tensor>, CheckpointError> {
+        let path = self.dir.join(file);
+        if !path.exists() {
+            return Err(CheckpointError::Incomplete {
+                dir: self.dir.clone(),
+                file: file.into(),
+            });
+        }
+        let tensors = Tensor::read_safetensors(&path).map_err(|e| CheckpointError::Corrupt {
+            file: path.clone(),
+            reason: e.to_string(),
+        })?;
+        Ok(tensors.into_iter().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_dir_names_round_trip() {
+        assert_eq!(step_dir_name(120), "step-000120");
+        assert_eq!(parse_step_dir("step-000120"), Some(120));
+        assert_eq!(parse_step_dir("step-1234567"), Some(1_234_567));
+        assert_eq!(parse_step_dir(".tmp-step-000120"), None);
+        assert_eq!(parse_step_dir("step-"), None);
+        assert_eq!(parse_step_dir("step-12a"), None);
+    }
+
+    #[test]
+    fn unwritable_root_names_the_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, "x").unwrap();
+        let err = check_writable(&file.join("ck")).unwrap_err().to_string();
+        assert!(
+            err.contains("--checkpoint-dir") && err.contains("file/ck"),
+            "{err}"
+        );
+        check_writable(&dir.path().join("a/b")).unwrap();
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("a/b")).unwrap().count(),
+            0
+        );
+    }
+
+    #[test]
+    fn missing_and_foreign_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = load(&dir.path().join("nowhere")).unwrap_err().to_string();
+        assert!(
+            err.contains("does not exist") && err.contains("nowhere"),
+            "{err}"
+        );
+        let err = load(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("not a headroom checkpoint"), "{err}");
+    }
+}

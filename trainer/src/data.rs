@@ -1,0 +1,366 @@
+//! The corpus as bytes: loading with clear errors, the train/validation split, and batch
+//! sampling that is a pure function of (seed, step, sample index).
+//!
+//! Purity is what makes two things cheap: a step's effective batch is the same set of
+//! sequences however it is cut into micro-batches (so the memory controller may change
+//! the micro-batch between steps without changing the run), and a resume needs only the
+//! step number, no sampler state.
+use std::borrow::Cow;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use tch::{Device, TchError, Tensor};
+
+/// Byte-level tokens.
+pub const VOCAB_SIZE: i64 = 256;
+
+static BUNDLED: &[u8] = include_bytes!("../../assets/tinyshakespeare.txt");
+
+/// Name the bundled corpus goes by in telemetry and errors.
+pub const BUNDLED_NAME: &str = "tinyshakespeare (bundled)";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DataError {
+    Missing {
+        path: PathBuf,
+    },
+    Unreadable {
+        path: PathBuf,
+        reason: String,
+    },
+    Empty {
+        path: PathBuf,
+    },
+    Binary {
+        path: PathBuf,
+        why: String,
+    },
+    TooSmall {
+        name: String,
+        bytes: usize,
+        split: &'static str,
+        split_bytes: usize,
+        needed: usize,
+        seq_len: usize,
+    },
+}
+
+impl fmt::Display for DataError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DataError::Missing { path } => write!(
+                f,
+                "corpus {} does not exist; check the path given to --corpus (or leave it \
+                 empty for the bundled tinyshakespeare)",
+                path.display()
+            ),
+            DataError::Unreadable { path, reason } => write!(
+                f,
+                "cannot read corpus {}: {reason}; check its permissions or pass another --corpus",
+                path.display()
+            ),
+            DataError::Empty { path } => write!(
+                f,
+                "corpus {} is empty; pass a text file with content to --corpus",
+                path.display()
+            ),
+            DataError::Binary { path, why } => write!(
+                f,
+                "corpus {} looks binary ({why}); headroom trains on text: pass a UTF-8 text \
+                 file to --corpus",
+                path.display()
+            ),
+            DataError::TooSmall {
+                name,
+                bytes,
+                split,
+                split_bytes,
+                needed,
+                seq_len,
+            } => write!(
+                f,
+                "corpus {name} is too small: its {bytes} bytes leave {split_bytes} bytes for \
+                 the {split} split, but one sequence of data.seq_len = {seq_len} needs at \
+                 least {needed}; use a larger corpus, a smaller data.seq_len or another \
+                 data.val_fraction"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for DataError {}
+
+/// The corpus, split into a training head and a validation tail.
+pub struct Dataset {
+    bytes: Cow<'static, [u8]>,
+    /// `bytes[..split]` trains, `bytes[split..]` validates.
+    split: usize,
+    seq_len: usize,
+    name: String,
+}
+
+impl Dataset {
+    /// Loads `corpus` (empty: the bundled tinyshakespeare) and checks it can feed
+    /// sequences of `seq_len` bytes in both splits.
+    pub fn load(corpus: &str, val_fraction: f64, seq_len: usize) -> Result<Dataset, DataError> {
+        let (bytes, name) = if corpus.is_empty() {
+            (Cow::Borrowed(BUNDLED), BUNDLED_NAME.to_string())
+        } else {
+            let path = PathBuf::from(corpus);
+            (Cow::Owned(read_text(&path)?), corpus.to_string())
+        };
+        Dataset::from_bytes(bytes, name, val_fraction, seq_len)
+    }
+
+    pub fn from_bytes(
+        bytes: Cow<'static, [u8]>,
+        name: String,
+        val_fraction: f64,
+        seq_len: usize,
+    ) -> Result<Dataset, DataError> {
+        let n = bytes.len();
+        let val = ((n as f64) * val_fraction).floor() as usize;
+        let split = n - val.min(n);
+        // A window is seq_len inputs plus the one-byte-shifted targets; one more byte than
+        // that guarantees at least two distinct windows, so sampling has a choice.
+        let needed = seq_len + 2;
+        for (which, len) in [("training", split), ("validation", n - split)] {
+            if len < needed {
+                return Err(DataError::TooSmall {
+                    name,
+                    bytes: n,
+                    split: which,
+                    split_bytes: len,
+                    needed,
+                    seq_len,
+                });
+            }
+        }
+        Ok(Dataset {
+            bytes,
+            split,
+            seq_len,
+            name,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn seq_len(&self) -> usize {
+        self.seq_len
+    }
+
+    pub fn train_bytes(&self) -> usize {
+        self.split
+    }
+
+    pub fn val_bytes(&self) -> usize {
+        self.bytes.len() - self.split
+    }
+
+    fn train(&self) -> &[u8] {
+        &self.bytes[..self.split]
+    }
+
+    fn val(&self) -> &[u8] {
+        &self.bytes[self.split..]
+    }
+
+    /// Start (in the training split) of sample `index` of optimizer step `step`.
+    pub fn train_offset(&self, seed: u64, step: u64, index: usize) -> usize {
+        let h = splitmix64(splitmix64(splitmix64(seed) ^ step) ^ index as u64);
+        // Modulo bias is ~span/2^64: irrelevant for corpora that fit in memory.
+        let span = (self.split - self.seq_len) as u64;
+        (h % span) as usize
+    }
+
+    /// Inputs and targets (`[len, seq_len]` int64 on `device`) for samples
+    /// `first..first + len` of step `step`'s effective batch.
+    pub fn train_batch(
+        &self,
+        seed: u64,
+        step: u64,
+        first: usize,
+        len: usize,
+        device: Device,
+    ) -> Result<(Tensor, Tensor), TchError> {
+        let offsets: Vec<usize> = (first..first + len)
+            .map(|i| self.train_offset(seed, step, i))
+            .collect();
+        self.windows(self.train(), &offsets, device)
+    }
+
+    /// Starts (in the validation split) of `count` windows spread evenly over it: a fixed
+    /// set, so successive evaluations are comparable.
+    pub fn val_offsets(&self, count: usize) -> Vec<usize> {
+        // Last valid start: the window needs seq_len + 1 bytes.
+        let last = self.val_bytes() - self.seq_len - 1;
+        match count {
+            0 => Vec::new(),
+            1 => vec![0],
+            _ => (0..count).map(|j| j * last / (count - 1)).collect(),
+        }
+    }
+
+    /// Inputs and targets for the validation windows starting at `offsets`.
+    pub fn val_batch(
+        &self,
+        offsets: &[usize],
+        device: Device,
+    ) -> Result<(Tensor, Tensor), TchError> {
+        self.windows(self.val(), offsets, device)
+    }
+
+    fn windows(
+        &self,
+        split: &[u8],
+        offsets: &[usize],
+        device: Device,
+    ) -> Result<(Tensor, Tensor), TchError> {
+        let w = self.seq_len + 1;
+        let mut flat = Vec::with_capacity(offsets.len() * w);
+        for &o in offsets {
+            let window = split.get(o..o + w).ok_or_else(|| {
+                TchError::Shape(format!(
+                    "window at {o} runs past the end of a {}-byte split",
+                    split.len()
+                ))
+            })?;
+            flat.extend(window.iter().map(|&b| i64::from(b)));
+        }
+        let rows = offsets.len() as i64;
+        let all = Tensor::f_from_slice(&flat)?
+            .f_view([rows, w as i64])?
+            .f_to_device(device)?;
+        let t = self.seq_len as i64;
+        let x = all.f_narrow(1, 0, t)?;
+        let y = all.f_narrow(1, 1, t)?;
+        Ok((x, y))
+    }
+}
+
+fn read_text(path: &Path) -> Result<Vec<u8>, DataError> {
+    let bytes = std::fs::read(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => DataError::Missing {
+            path: path.to_path_buf(),
+        },
+        _ => DataError::Unreadable {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        },
+    })?;
+    if bytes.is_empty() {
+        return Err(DataError::Empty {
+            path: path.to_path_buf(),
+        });
+    }
+    if let Some(at) = bytes.iter().position(|&b| b == 0) {
+        return Err(DataError::Binary {
+            path: path.to_path_buf(),
+            why: format!("a NUL byte at offset {at}"),
+        });
+    }
+    if let Err(e) = std::str::from_utf8(&bytes) {
+        return Err(DataError::Binary {
+            path: path.to_path_buf(),
+            why: format!("not valid UTF-8 at byte {}", e.valid_up_to()),
+        });
+    }
+    Ok(bytes)
+}
+
+/// Steele, Lea & Flood's SplitMix64 finalizer: cheap, and every input bit reaches every
+/// output bit, so neighbouring (step, index) pairs land far apart.
+pub fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(n: usize) -> Cow<'static, [u8]> {
+        Cow::Owned((0..n).map(|i| b'a' + (i % 26) as u8).collect())
+    }
+
+    #[test]
+    fn split_keeps_the_tail_for_validation() {
+        let d = Dataset::from_bytes(text(1000), "t".into(), 0.1, 16).unwrap();
+        assert_eq!((d.train_bytes(), d.val_bytes()), (900, 100));
+    }
+
+    #[test]
+    fn sampling_is_a_pure_function_of_seed_step_and_index() {
+        let d = Dataset::load("", 0.1, 64).unwrap();
+        let a: Vec<usize> = (0..32).map(|i| d.train_offset(7, 3, i)).collect();
+        let b: Vec<usize> = (0..32).map(|i| d.train_offset(7, 3, i)).collect();
+        assert_eq!(a, b);
+        let next: Vec<usize> = (0..32).map(|i| d.train_offset(7, 4, i)).collect();
+        assert_ne!(a, next, "different steps draw different windows");
+        let other_seed: Vec<usize> = (0..32).map(|i| d.train_offset(8, 3, i)).collect();
+        assert_ne!(a, other_seed);
+        assert!(a.iter().all(|&o| o + 65 <= d.train_bytes()));
+
+        // A micro-batch is a slice of the step's batch, whatever its size.
+        let (x, _) = d.train_batch(7, 3, 0, 8, Device::Cpu).unwrap();
+        let (x2, _) = d.train_batch(7, 3, 5, 3, Device::Cpu).unwrap();
+        assert!(x.narrow(0, 5, 3).equal(&x2));
+    }
+
+    #[test]
+    fn targets_are_inputs_shifted_by_one() {
+        let d = Dataset::from_bytes(text(1000), "t".into(), 0.1, 16).unwrap();
+        let (x, y) = d.train_batch(1, 1, 0, 4, Device::Cpu).unwrap();
+        assert_eq!(x.size(), [4, 16]);
+        assert!(x.narrow(1, 1, 15).equal(&y.narrow(1, 0, 15)));
+    }
+
+    #[test]
+    fn validation_windows_cover_the_split_evenly() {
+        let d = Dataset::from_bytes(text(1000), "t".into(), 0.1, 16).unwrap();
+        let offs = d.val_offsets(5);
+        assert_eq!(offs.len(), 5);
+        assert_eq!(offs[0], 0);
+        assert_eq!(*offs.last().unwrap(), 100 - 17);
+        assert!(offs.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(d.val_offsets(1), vec![0]);
+    }
+
+    #[test]
+    fn too_small_names_the_split_and_the_fix() {
+        let err = Dataset::from_bytes(text(100), "small.txt".into(), 0.1, 16)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("too small") && err.contains("validation"),
+            "{err}"
+        );
+        assert!(err.contains("data.seq_len"), "{err}");
+    }
+
+    #[test]
+    fn bad_files_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope.txt");
+        let err = Dataset::load(missing.to_str().unwrap(), 0.1, 16)
+            .err()
+            .unwrap();
+        assert!(matches!(err, DataError::Missing { .. }));
+        let bin = dir.path().join("b.bin");
+        std::fs::write(&bin, [0xffu8, 0xfe, 0x41].repeat(100)).unwrap();
+        let err = Dataset::load(bin.to_str().unwrap(), 0.1, 16)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("looks binary") && err.contains("UTF-8"),
+            "{err}"
+        );
+    }
+}

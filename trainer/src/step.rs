@@ -1,0 +1,129 @@
+//! One optimizer step over an effective batch, accumulated over micro-batches; and the
+//! streaming validation pass.
+use tch::{Device, Kind, Reduction, TchError, Tensor};
+
+use crate::data::Dataset;
+use crate::model::Gpt;
+use crate::optim::AdamW;
+
+/// What one step does. The micro-batch is an argument, not a property of the data or the
+/// model, so a controller may change it between steps (or retry a step with a smaller one)
+/// without changing which sequences the step trains on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepPlan {
+    pub seed: u64,
+    /// 1-based number of the step being taken; selects the batch.
+    pub step: u64,
+    pub effective_batch: usize,
+    pub micro_batch: usize,
+    pub lr: f64,
+    /// Global gradient-norm limit; 0 disables clipping.
+    pub grad_clip: f64,
+}
+
+impl StepPlan {
+    pub fn accum_steps(&self) -> usize {
+        self.effective_batch.div_ceil(self.micro_batch.max(1))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepOutcome {
+    /// Mean cross-entropy over every token of the effective batch.
+    pub loss: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+}
+
+/// Forward and backward over every micro-batch, then clip and update. The gradients are
+/// zeroed first, so a step retried after a failure starts clean.
+pub fn train_step(
+    model: &Gpt,
+    opt: &mut AdamW,
+    data: &Dataset,
+    plan: &StepPlan,
+) -> Result<StepOutcome, TchError> {
+    let e = plan.effective_batch;
+    let b = plan.micro_batch.max(1);
+    if e == 0 {
+        return Err(TchError::Shape("an effective batch of 0 sequences".into()));
+    }
+    let device = model.device();
+    opt.zero_grad();
+    let mut loss_sum = Tensor::f_zeros([], (Kind::Float, device))?;
+    let mut first = 0;
+    while first < e {
+        let len = b.min(e - first);
+        let (x, y) = data.train_batch(plan.seed, plan.step, first, len, device)?;
+        // Each micro-batch's mean weighted by its share of the batch: the gradients then
+        // sum to exactly the full batch's mean gradient, uneven last micro-batch included.
+        let loss = model
+            .loss(&x, &y, Reduction::Mean)?
+            .f_mul_scalar(len as f64 / e as f64)?;
+        loss.f_backward()?;
+        loss_sum = loss_sum.f_add(&loss.f_detach()?)?;
+        first += len;
+    }
+
+    let grads = opt.grads();
+    let norm = global_norm(&grads, device)?;
+    if plan.grad_clip > 0.0 {
+        // Computed on the device: no host round-trip to decide the scale.
+        let coef = norm
+            .f_add_scalar(1e-6)?
+            .f_reciprocal()?
+            .f_mul_scalar(plan.grad_clip)?
+            .f_clamp_max(1.0)?;
+        let _guard = tch::no_grad_guard();
+        for mut g in grads {
+            let _ = g.f_mul_(&coef)?;
+        }
+    }
+    opt.step(plan.lr)?;
+
+    // The step's one host synchronisation: loss and norm read together.
+    let both = Tensor::f_stack(&[loss_sum, norm], 0)?
+        .f_to_kind(Kind::Double)?
+        .f_to_device(Device::Cpu)?;
+    let v = Vec::<f64>::try_from(&both)?;
+    Ok(StepOutcome {
+        loss: v[0],
+        grad_norm: v[1],
+    })
+}
+
+fn global_norm(grads: &[Tensor], device: Device) -> Result<Tensor, TchError> {
+    if grads.is_empty() {
+        return Tensor::f_zeros([], (Kind::Float, device));
+    }
+    let norms = grads
+        .iter()
+        .map(|g| g.f_norm())
+        .collect::<Result<Vec<_>, _>>()?;
+    Tensor::f_stack(&norms, 0)?.f_norm()
+}
+
+/// Mean cross-entropy over the validation windows at `offsets`, `chunk` windows at a time:
+/// memory grows with the chunk, not with the validation set.
+pub fn evaluate(
+    model: &Gpt,
+    data: &Dataset,
+    offsets: &[usize],
+    chunk: usize,
+) -> Result<f64, TchError> {
+    if offsets.is_empty() {
+        return Ok(f64::NAN);
+    }
+    let device = model.device();
+    let _guard = tch::no_grad_guard();
+    // Summed in double precision so the result does not depend on how it was chunked.
+    let mut total = Tensor::f_zeros([], (Kind::Double, device))?;
+    for part in offsets.chunks(chunk.max(1)) {
+        let (x, y) = data.val_batch(part, device)?;
+        let sum = model.loss(&x, &y, Reduction::Sum)?;
+        total = total.f_add(&sum.f_to_kind(Kind::Double)?)?;
+    }
+    let tokens = (offsets.len() * data.seq_len()) as f64;
+    let total = f64::try_from(&total.f_to_device(Device::Cpu)?)?;
+    Ok(total / tokens)
+}

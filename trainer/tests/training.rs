@@ -1,0 +1,646 @@
+//! The trainer end to end on tiny models (CPU): accumulation, resume, bad input,
+//! checkpoint atomicity, learning, and commands.
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crossbeam_channel::{bounded, Receiver, Sender};
+use headroom_core::{Bus, BusReceivers, Command, RunConfig, RunStatus, RunSummary, Telemetry};
+use headroom_trainer::checkpoint;
+use headroom_trainer::data::Dataset;
+use headroom_trainer::model::Gpt;
+use headroom_trainer::optim::{AdamW, AdamWConfig};
+use headroom_trainer::runner::{self, TrainOptions};
+use headroom_trainer::schedule::Schedule;
+use headroom_trainer::step::{evaluate, train_step, StepPlan};
+use tch::{Device, Tensor};
+
+fn tiny() -> RunConfig {
+    let mut c = RunConfig::default();
+    c.run.name = "test".into();
+    c.run.device = "cpu".into();
+    c.run.steps = 12;
+    c.run.eval_every = 0;
+    c.run.checkpoint_every = 0;
+    c.run.eval_batches = 2;
+    c.data.seq_len = 32;
+    c.model.n_layer = 2;
+    c.model.n_head = 2;
+    c.model.n_embd = 32;
+    c.batch.micro_batch = 8;
+    c.optim.warmup_steps = 4;
+    c
+}
+
+fn opts(config: RunConfig, dir: &Path, resume: Option<PathBuf>) -> TrainOptions {
+    TrainOptions {
+        config,
+        checkpoint_dir: dir.to_path_buf(),
+        resume,
+    }
+}
+
+struct Run {
+    result: Result<RunSummary, String>,
+    events: Vec<Telemetry>,
+    losses: Vec<(u64, f64)>,
+}
+
+/// Runs to the end with the command channel held open and untouched.
+fn run(o: TrainOptions) -> Run {
+    let (bus, rx) = Bus::new(false);
+    let (_tx, cmd_rx) = bounded::<Command>(8);
+    let handle = runner::spawn(o, bus, cmd_rx).unwrap_or_else(|e| panic!("spawn: {e}"));
+    let result = handle.join();
+    collect(result, &rx)
+}
+
+fn collect(result: Result<RunSummary, String>, rx: &BusReceivers) -> Run {
+    let events: Vec<Telemetry> = rx.events.try_iter().collect();
+    let losses = rx
+        .metrics
+        .try_iter()
+        .filter_map(|m| match m {
+            Telemetry::Step(s) => Some((s.step, s.loss)),
+            _ => None,
+        })
+        .collect();
+    Run {
+        result,
+        events,
+        losses,
+    }
+}
+
+fn spawn_err(o: TrainOptions) -> String {
+    let (bus, _rx) = Bus::new(false);
+    let (_tx, cmd_rx) = bounded::<Command>(8);
+    match runner::spawn(o, bus, cmd_rx) {
+        Ok(h) => panic!("expected an error, the run started: {:?}", h.join()),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn assert_contains(text: &str, needles: &[&str]) {
+    for n in needles {
+        assert!(text.contains(n), "expected {n:?} in: {text}");
+    }
+}
+
+fn params(model: &Gpt) -> Vec<(String, Vec<f32>)> {
+    model
+        .named_parameters()
+        .into_iter()
+        .map(|(n, t)| (n, Vec::<f32>::try_from(&t.flatten(0, -1)).unwrap()))
+        .collect()
+}
+
+fn saved_params(step_dir: &Path) -> Vec<(String, Vec<f32>)> {
+    let mut v: Vec<(String, Vec<f32>)> =
+        Tensor::read_safetensors(step_dir.join("model.safetensors"))
+            .unwrap()
+            .into_iter()
+            .map(|(n, t)| (n, Vec::<f32>::try_from(&t.flatten(0, -1)).unwrap()))
+            .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+/// Largest |a - b| / max(|a|, |b|, 1e-3) over all parameters.
+fn max_rel_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let mut worst = 0.0f64;
+    for ((na, va), (nb, vb)) in a.iter().zip(b) {
+        assert_eq!(na, nb);
+        for (x, y) in va.iter().zip(vb) {
+            let (x, y) = (f64::from(*x), f64::from(*y));
+            worst = worst.max((x - y).abs() / x.abs().max(y.abs()).max(1e-3));
+        }
+    }
+    worst
+}
+
+fn fresh(cfg: &RunConfig) -> (Gpt, AdamW) {
+    let model = Gpt::new(&cfg.model, cfg.data.seq_len, Device::Cpu, cfg.run.seed).unwrap();
+    let opt = AdamW::new(model.named_parameters(), AdamWConfig::from(&cfg.optim)).unwrap();
+    (model, opt)
+}
+
+fn grads(model: &Gpt) -> Vec<(String, Vec<f32>)> {
+    model
+        .named_parameters()
+        .into_iter()
+        .map(|(n, t)| (n, Vec::<f32>::try_from(&t.grad().flatten(0, -1)).unwrap()))
+        .collect()
+}
+
+/// Largest |a - b| within a tensor relative to that tensor's largest |a|: the error that
+/// summation order explains.
+fn max_rel_diff_per_tensor(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f64 {
+    let mut worst = 0.0f64;
+    for ((na, va), (_, vb)) in a.iter().zip(b) {
+        let scale = va.iter().fold(0.0f64, |m, x| m.max(f64::from(x.abs())));
+        let diff = va
+            .iter()
+            .zip(vb)
+            .fold(0.0f64, |m, (x, y)| m.max(f64::from((x - y).abs())));
+        if scale > 0.0 {
+            worst = worst.max(diff / scale);
+        } else {
+            assert_eq!(diff, 0.0, "{na}");
+        }
+    }
+    worst
+}
+
+#[test]
+fn accumulated_micro_batches_equal_the_full_batch() {
+    let mut cfg = tiny();
+    // Adam's first update is lr * g / (|g| + eps), about lr * sign(g): for gradient
+    // components near eps it turns float32 rounding of g (which the summation order
+    // changes, ~1e-9 absolute here) into parameter differences of up to 2 lr; measured:
+    // 1.3e-5 at eps 1e-8, 1.6e-5 at 1e-4, 2e-6 at 1e-3. A large eps keeps the update
+    // close to linear in g, so the parameter comparison measures accumulation, not Adam's
+    // conditioning. The gradients themselves are compared directly as well.
+    cfg.optim.eps = 1e-3;
+    let data = Dataset::load("", 0.1, cfg.data.seq_len).unwrap();
+    let plan = |micro| StepPlan {
+        seed: 5,
+        step: 3,
+        effective_batch: 8,
+        micro_batch: micro,
+        lr: 1e-3,
+        grad_clip: 1.0,
+    };
+    let (model, mut opt) = fresh(&cfg);
+    let full = train_step(&model, &mut opt, &data, &plan(8)).unwrap();
+    let (ref_params, ref_grads) = (params(&model), grads(&model));
+    // 4 + 4, 4 x 2, and an uneven 3 + 3 + 2.
+    for micro in [4, 2, 3] {
+        let (model, mut opt) = fresh(&cfg);
+        let out = train_step(&model, &mut opt, &data, &plan(micro)).unwrap();
+        assert!(
+            (out.loss - full.loss).abs() < 1e-5 * full.loss,
+            "micro {micro}"
+        );
+        assert!((out.grad_norm - full.grad_norm).abs() < 1e-5 * full.grad_norm);
+        let g = max_rel_diff_per_tensor(&grads(&model), &ref_grads);
+        assert!(g < 1e-5, "micro {micro}: gradients differ by {g}");
+        let p = max_rel_diff(&params(&model), &ref_params);
+        assert!(p < 1e-5, "micro {micro}: parameters differ by {p}");
+    }
+}
+
+#[test]
+fn same_seed_same_losses_bitwise() {
+    let cfg = tiny();
+    let data = Dataset::load("", 0.1, cfg.data.seq_len).unwrap();
+    let losses = || {
+        let (model, mut opt) = fresh(&cfg);
+        (1..=3)
+            .map(|s| {
+                let plan = StepPlan {
+                    seed: 1,
+                    step: s,
+                    effective_batch: 8,
+                    micro_batch: 8,
+                    lr: 1e-3,
+                    grad_clip: 1.0,
+                };
+                train_step(&model, &mut opt, &data, &plan).unwrap().loss
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(losses(), losses());
+}
+
+#[test]
+fn validation_does_not_depend_on_the_chunk_size() {
+    let cfg = tiny();
+    let data = Dataset::load("", 0.1, cfg.data.seq_len).unwrap();
+    let (model, _) = fresh(&cfg);
+    let offsets = data.val_offsets(16);
+    let whole = evaluate(&model, &data, &offsets, 16).unwrap();
+    assert!(
+        (whole - 256f64.ln()).abs() < 0.5,
+        "untrained loss near ln 256: {whole}"
+    );
+    for chunk in [5, 1, 7] {
+        let v = evaluate(&model, &data, &offsets, chunk).unwrap();
+        assert!(
+            (v - whole).abs() < 1e-5 * whole,
+            "chunk {chunk}: {v} vs {whole}"
+        );
+    }
+}
+
+#[test]
+fn resumed_run_matches_the_uninterrupted_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a_dir, b_dir) = (dir.path().join("a"), dir.path().join("b"));
+    let mut cfg = tiny();
+    cfg.run.checkpoint_every = 6;
+    // Accumulation too, so the resumed path covers it.
+    cfg.batch.micro_batch = 3;
+    cfg.batch.effective_batch = 8;
+
+    let a = run(opts(cfg.clone(), &a_dir, None));
+    let a_summary = a.result.unwrap();
+    assert_eq!(a_summary.steps_done, 12);
+    assert_eq!(a.losses.len(), 12);
+
+    // Resume from the state after step 6, as an interrupted run would have left it.
+    let mid = a_dir.join("step-000006");
+    assert_eq!(runner::read_checkpoint_config(&mid).unwrap(), cfg);
+    let b = run(opts(cfg.clone(), &b_dir, Some(mid)));
+    let b_summary = b.result.unwrap();
+    assert_eq!(b_summary.steps_done, 12);
+    assert_eq!(b_summary.tokens_seen, a_summary.tokens_seen);
+    let Some(Telemetry::RunStarted(info)) = b.events.first() else {
+        panic!("first event: {:?}", b.events.first())
+    };
+    assert_eq!(info.start_step, 6);
+
+    assert_eq!(
+        b.losses.iter().map(|l| l.0).collect::<Vec<_>>(),
+        (7..=12).collect::<Vec<_>>()
+    );
+    for ((sa, la), (sb, lb)) in a.losses[6..].iter().zip(&b.losses) {
+        assert_eq!(sa, sb);
+        // Bitwise equal here; the tolerance only allows for a BLAS whose results depend
+        // on buffer alignment (MKL without CNR mode).
+        assert!((la - lb).abs() <= 1e-6, "step {sa}: {la} vs {lb}");
+    }
+    let diff = max_rel_diff(
+        &saved_params(&a_dir.join("step-000012")),
+        &saved_params(&b_dir.join("step-000012")),
+    );
+    assert!(diff <= 1e-6, "final parameters differ by {diff}");
+}
+
+#[test]
+fn training_lowers_the_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = tiny();
+    cfg.run.steps = 40;
+    cfg.model.n_layer = 1;
+    cfg.optim.warmup_steps = 5;
+    let r = run(opts(cfg, dir.path(), None));
+    let summary = r.result.unwrap();
+    let first = r.losses[0].1;
+    let last5: f64 = r.losses[35..].iter().map(|l| l.1).sum::<f64>() / 5.0;
+    assert!(last5 < first - 0.5, "loss {first} -> {last5}");
+    let val = summary.last_val_loss.unwrap();
+    assert!(val < first - 0.5, "val loss {val} vs initial {first}");
+}
+
+/// A checkpoint (2 steps) to break in various ways; returns its step directory.
+fn make_checkpoint(root: &Path) -> PathBuf {
+    let mut cfg = tiny();
+    cfg.run.steps = 2;
+    run(opts(cfg, root, None)).result.unwrap();
+    root.join("step-000002")
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+#[test]
+fn bad_input_is_a_clear_error_before_training() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ck = d.join("ck");
+    let with_corpus = |corpus: &Path| {
+        let mut c = tiny();
+        c.data.corpus = corpus.to_string_lossy().into_owned();
+        opts(c, &ck, None)
+    };
+
+    let err = spawn_err(with_corpus(&d.join("no/such.txt")));
+    assert_contains(&err, &["no/such.txt", "does not exist", "--corpus"]);
+
+    std::fs::write(d.join("empty.txt"), "").unwrap();
+    assert_contains(
+        &spawn_err(with_corpus(&d.join("empty.txt"))),
+        &["empty.txt", "is empty"],
+    );
+
+    let blob: Vec<u8> = (0..20_000u32).map(|i| (i * 7 % 256) as u8).collect();
+    std::fs::write(d.join("blob.bin"), blob).unwrap();
+    assert_contains(
+        &spawn_err(with_corpus(&d.join("blob.bin"))),
+        &["looks binary", "NUL"],
+    );
+
+    std::fs::write(
+        d.join("short.txt"),
+        "To be, or not to be: that is the question.",
+    )
+    .unwrap();
+    assert_contains(
+        &spawn_err(with_corpus(&d.join("short.txt"))),
+        &["too small", "data.seq_len"],
+    );
+
+    std::fs::write(d.join("file"), "x").unwrap();
+    let err = spawn_err(opts(tiny(), &d.join("file/ck"), None));
+    assert_contains(
+        &err,
+        &["cannot write checkpoints", "file/ck", "--checkpoint-dir"],
+    );
+
+    let err = spawn_err(opts(tiny(), &ck, Some(d.join("nowhere"))));
+    assert_contains(&err, &["nowhere", "does not exist", "--resume"]);
+
+    let good = make_checkpoint(&d.join("good"));
+    let broken = |name: &str| {
+        let p = d.join(name);
+        copy_dir(&good, &p);
+        p
+    };
+
+    let p = broken("truncated");
+    let model = p.join("model.safetensors");
+    let len = std::fs::metadata(&model).unwrap().len();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&model)
+        .unwrap();
+    f.set_len(len / 2).unwrap();
+    let err = spawn_err(opts(tiny(), &ck, Some(p)));
+    assert_contains(&err, &["model.safetensors", "truncated or corrupt"]);
+
+    let p = broken("badjson");
+    std::fs::write(p.join("state.json"), "{\"format_version\": 1, \"step\": ").unwrap();
+    let err = spawn_err(opts(tiny(), &ck, Some(p.clone())));
+    assert_contains(&err, &["state.json", "corrupt"]);
+    let err = runner::read_checkpoint_config(&p).unwrap_err().to_string();
+    assert_contains(&err, &["state.json", "corrupt"]);
+
+    let p = broken("newer");
+    let state = std::fs::read_to_string(p.join("state.json")).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&state).unwrap();
+    json["format_version"] = 2.into();
+    json["something_new"] = true.into();
+    std::fs::write(p.join("state.json"), json.to_string()).unwrap();
+    let err = spawn_err(opts(tiny(), &ck, Some(p)));
+    assert_contains(&err, &["newer headroom", "upgrade"]);
+
+    let mut wider = tiny();
+    wider.model.n_embd = 64;
+    let err = spawn_err(opts(wider, &ck, Some(good.clone())));
+    assert_contains(
+        &err,
+        &["different model", "h.0.attn.c_attn.bias", "[96]", "[192]"],
+    );
+    let mut deeper = tiny();
+    deeper.model.n_layer = 3;
+    let err = spawn_err(opts(deeper, &ck, Some(good.clone())));
+    assert_contains(&err, &["different model", "h.2."]);
+
+    let p = broken("no_optimizer");
+    std::fs::remove_file(p.join("optimizer.safetensors")).unwrap();
+    let err = spawn_err(opts(tiny(), &ck, Some(p)));
+    assert_contains(&err, &["incomplete", "optimizer.safetensors"]);
+
+    // A run already at its end cannot be resumed without more steps.
+    let mut done = tiny();
+    done.run.steps = 2;
+    let err = spawn_err(opts(done, &ck, Some(good)));
+    assert_contains(&err, &["step 2", "--steps"]);
+}
+
+#[test]
+fn checkpoints_are_atomic_and_pruned() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ck");
+    let mut cfg = tiny();
+    cfg.run.steps = 8;
+    cfg.run.checkpoint_every = 2;
+    let r = run(opts(cfg, &root, None));
+    let summary = r.result.unwrap();
+    let saved: Vec<u64> = r
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Telemetry::CheckpointSaved { step, .. } => Some(*step),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(saved, [2, 4, 6, 8]);
+    assert_eq!(
+        summary.checkpoint.as_deref(),
+        Some(root.join("step-000008").to_str().unwrap())
+    );
+
+    let mut names: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["latest", "step-000006", "step-000008"]);
+    assert_eq!(
+        std::fs::read_to_string(root.join("latest")).unwrap().trim(),
+        "step-000008"
+    );
+
+    // A crash mid-write leaves a temp directory: loading ignores it.
+    let tmp = root.join(".tmp-step-000010");
+    std::fs::create_dir(&tmp).unwrap();
+    std::fs::write(tmp.join("state.json"), "{garbage").unwrap();
+    let ck = checkpoint::load(&root).unwrap();
+    assert_eq!(
+        (ck.state.step, ck.dir.clone()),
+        (8, root.join("step-000008"))
+    );
+    // So does a crash before `latest` was replaced, or a lost `latest`.
+    std::fs::remove_file(root.join("latest")).unwrap();
+    assert_eq!(checkpoint::load(&root).unwrap().state.step, 8);
+    // A step directory works directly too.
+    assert_eq!(
+        checkpoint::load(&root.join("step-000006"))
+            .unwrap()
+            .state
+            .step,
+        6
+    );
+
+    // The next save sweeps the stale temp directory.
+    let mut more = tiny();
+    more.run.steps = 10;
+    run(opts(more, &root, Some(root.clone()))).result.unwrap();
+    assert!(!tmp.exists());
+    assert_eq!(checkpoint::load(&root).unwrap().state.step, 10);
+}
+
+fn next_event(rx: &Receiver<Telemetry>) -> Telemetry {
+    rx.recv_timeout(Duration::from_secs(30))
+        .expect("the trainer answers within 30 s")
+}
+
+fn status(s: RunStatus) -> Telemetry {
+    Telemetry::Status { status: s }
+}
+
+fn expect_applied(rx: &Receiver<Telemetry>, cmd: Command, needle: &str) {
+    match next_event(rx) {
+        Telemetry::CommandApplied { command, applied } => {
+            assert_eq!(command, cmd);
+            assert!(applied.contains(needle), "{applied}");
+        }
+        other => panic!("expected CommandApplied({cmd:?}), got {other:?}"),
+    }
+}
+
+#[test]
+fn commands_are_answered_with_what_was_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ck");
+    let mut cfg = tiny();
+    cfg.run.steps = 10_000;
+    let (bus, rx) = Bus::new(false);
+    let (tx, cmd_rx): (Sender<Command>, _) = bounded(8);
+    // Queued before the first step: the trainer must pause before training at all.
+    tx.send(Command::Pause).unwrap();
+    let handle = runner::spawn(opts(cfg, &root, None), bus, cmd_rx).unwrap();
+    assert_eq!(handle.cuda_index(), None);
+
+    assert!(matches!(next_event(&rx.events), Telemetry::RunStarted(_)));
+    assert_eq!(next_event(&rx.events), status(RunStatus::Running));
+    assert_eq!(next_event(&rx.events), status(RunStatus::Paused));
+    expect_applied(&rx.events, Command::Pause, "paused after step 0");
+
+    tx.send(Command::Pause).unwrap();
+    expect_applied(&rx.events, Command::Pause, "already paused");
+    tx.send(Command::Checkpoint).unwrap();
+    match next_event(&rx.events) {
+        Telemetry::CheckpointSaved { step, path } => {
+            assert_eq!(step, 0);
+            assert!(Path::new(&path).join("state.json").exists());
+        }
+        other => panic!("expected CheckpointSaved, got {other:?}"),
+    }
+    expect_applied(&rx.events, Command::Checkpoint, "checkpoint of step 0");
+    assert!(rx.metrics.try_recv().is_err(), "no step while paused");
+
+    tx.send(Command::Resume).unwrap();
+    assert_eq!(next_event(&rx.events), status(RunStatus::Running));
+    expect_applied(&rx.events, Command::Resume, "resumed at step 1");
+    let first = rx.metrics.recv_timeout(Duration::from_secs(30)).unwrap();
+    assert!(
+        matches!(first, Telemetry::Step(ref s) if s.step == 1),
+        "{first:?}"
+    );
+
+    tx.send(Command::Checkpoint).unwrap();
+    let saved_step = match next_event(&rx.events) {
+        Telemetry::CheckpointSaved { step, .. } => step,
+        other => panic!("expected CheckpointSaved, got {other:?}"),
+    };
+    assert!(saved_step >= 1);
+    expect_applied(&rx.events, Command::Checkpoint, "checkpoint of step");
+
+    tx.send(Command::Resume).unwrap();
+    expect_applied(&rx.events, Command::Resume, "already running");
+    tx.send(Command::Stop).unwrap();
+    assert_eq!(next_event(&rx.events), status(RunStatus::Stopping));
+    expect_applied(&rx.events, Command::Stop, "stopping after step");
+    let summary = handle.join().unwrap();
+    assert!(summary.stopped_by_user);
+    assert!(summary.steps_done >= saved_step && summary.steps_done < 10_000);
+
+    let rest: Vec<Telemetry> = rx.events.try_iter().collect();
+    let kinds: Vec<&str> = rest.iter().map(|e| e.kind()).collect();
+    assert_eq!(kinds.last(), Some(&"finished"), "{kinds:?}");
+    assert!(rest.contains(&status(RunStatus::Finished)));
+    assert!(kinds.contains(&"eval"), "a final evaluation: {kinds:?}");
+    let Some(Telemetry::Finished(f)) = rest.last() else {
+        unreachable!()
+    };
+    assert_eq!(f, &summary);
+    let ck = checkpoint::load(&root).unwrap();
+    assert_eq!(ck.state.step, summary.steps_done);
+}
+
+#[test]
+fn a_closed_command_channel_stops_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = tiny();
+    cfg.run.steps = 10_000;
+    let (bus, rx) = Bus::new(false);
+    let (tx, cmd_rx) = bounded::<Command>(1);
+    drop(tx);
+    let handle = runner::spawn(opts(cfg, dir.path(), None), bus, cmd_rx).unwrap();
+    let r = collect(handle.join(), &rx);
+    let summary = r.result.unwrap();
+    assert!(summary.stopped_by_user);
+    assert_eq!(summary.steps_done, 0);
+    assert!(r.events.contains(&status(RunStatus::Stopping)));
+}
+
+#[test]
+fn schedule_is_part_of_the_run() {
+    // The runner's learning rates are the schedule's, step by step.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = tiny();
+    let sched = Schedule::new(&cfg.optim, cfg.run.steps);
+    let (bus, rx) = Bus::new(false);
+    let (_tx, cmd_rx) = bounded::<Command>(1);
+    let handle = runner::spawn(opts(cfg, dir.path(), None), bus, cmd_rx).unwrap();
+    handle.join().unwrap();
+    for m in rx.metrics.try_iter() {
+        if let Telemetry::Step(s) = m {
+            assert_eq!(s.lr, sched.lr_at(s.step));
+            assert!(s.tokens_per_s > 0.0 && s.grad_norm > 0.0);
+        }
+    }
+}
+
+/// Throughput and quality of configs/default.toml on this machine (not part of the suite:
+/// minutes on 2 cores). `cargo test --release -p headroom-trainer --test training --
+/// --ignored --nocapture default_config`; HEADROOM_BENCH_STEPS overrides the step count.
+#[test]
+#[ignore]
+fn default_config_benchmark() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/default.toml");
+    let mut cfg = RunConfig::load(&path).unwrap();
+    if let Ok(steps) = std::env::var("HEADROOM_BENCH_STEPS") {
+        cfg.run.steps = steps.parse().unwrap();
+    }
+    let started = std::time::Instant::now();
+    let (bus, rx) = Bus::new(false);
+    let (_tx, cmd_rx) = bounded::<Command>(1);
+    let handle = runner::spawn(opts(cfg.clone(), dir.path(), None), bus, cmd_rx).unwrap();
+    let mut times = Vec::new();
+    loop {
+        crossbeam_channel::select! {
+            recv(rx.metrics) -> m => if let Ok(Telemetry::Step(s)) = m {
+                times.push(s.step_time_s);
+                if s.step % 25 == 0 {
+                    eprintln!("step {:4} loss {:.4} lr {:.2e} gnorm {:.3} {:.0} tok/s",
+                        s.step, s.loss, s.lr, s.grad_norm, s.tokens_per_s);
+                }
+            },
+            recv(rx.events) -> e => match e {
+                Ok(Telemetry::Eval(ev)) => eprintln!("eval step {} val {:.4} train {:.4}",
+                    ev.step, ev.val_loss, ev.train_loss),
+                Ok(Telemetry::Finished(_)) | Err(_) => break,
+                _ => {}
+            },
+        }
+    }
+    let summary = handle.join().unwrap();
+    let mean = times.iter().sum::<f64>() / times.len() as f64;
+    eprintln!(
+        "{} steps in {:.1} s wall; {:.2} steps/s by step time; final val loss {:?}",
+        summary.steps_done,
+        started.elapsed().as_secs_f64(),
+        1.0 / mean,
+        summary.last_val_loss
+    );
+}
