@@ -124,9 +124,16 @@ mod tests {
 
     #[test]
     fn flags_override_config_keys() {
-        let cfg = args(&["--steps", "7", "--batch-size", "4", "--effective-batch", "12"])
-            .resolve(None)
-            .unwrap();
+        let cfg = args(&[
+            "--steps",
+            "7",
+            "--batch-size",
+            "4",
+            "--effective-batch",
+            "12",
+        ])
+        .resolve(None)
+        .unwrap();
         assert_eq!(cfg.run.steps, 7);
         assert_eq!((cfg.batch.micro_batch, cfg.batch.effective()), (4, 12));
     }

@@ -35,9 +35,8 @@ pub fn open(path: &Path) -> Result<BufWriter<File>> {
 
 /// Renders one record. The message's own fields sit beside `ts`, `t` and `kind`.
 pub fn render(line: &LogLine) -> String {
-    let mut value = serde_json::to_value(&line.msg).unwrap_or_else(|e| {
-        serde_json::json!({ "kind": "log_error", "error": e.to_string() })
-    });
+    let mut value = serde_json::to_value(&line.msg)
+        .unwrap_or_else(|e| serde_json::json!({ "kind": "log_error", "error": e.to_string() }));
     if let Some(obj) = value.as_object_mut() {
         obj.insert("ts".into(), serde_json::json!(line.ts));
         obj.insert("t".into(), serde_json::json!(line.t));
@@ -59,7 +58,7 @@ impl LogWriter {
             .name("log-writer".into())
             .spawn(move || {
                 let mut failed: Option<String> = None;
-                for line in lines {
+                for line in lines.iter() {
                     if failed.is_some() {
                         continue;
                     }
@@ -75,7 +74,11 @@ impl LogWriter {
                             "writing log {} failed ({e}); logging stopped, training continues",
                             path.display()
                         );
-                        ui.send(Telemetry::Notice(Notice::new(Level::Warn, "log", msg.clone())));
+                        ui.send(Telemetry::Notice(Notice::new(
+                            Level::Warn,
+                            "log",
+                            msg.clone(),
+                        )));
                         failed = Some(msg);
                     }
                 }
@@ -92,7 +95,9 @@ impl LogWriter {
 
     /// Waits for the last line; returns the write error, if one happened.
     pub fn finish(self) -> Option<String> {
-        self.thread.join().unwrap_or_else(|_| Some("log writer panicked".into()))
+        self.thread
+            .join()
+            .unwrap_or_else(|_| Some("log writer panicked".into()))
     }
 }
 

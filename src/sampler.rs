@@ -66,7 +66,12 @@ impl Sources {
         let sys = match System::new() {
             Ok(s) => Some(s),
             Err(e) => {
-                notice(bus, Level::Warn, "host", format!("host figures unavailable: {e}"));
+                notice(
+                    bus,
+                    Level::Warn,
+                    "host",
+                    format!("host figures unavailable: {e}"),
+                );
                 None
             }
         };
@@ -78,7 +83,12 @@ impl Sources {
                 } else {
                     "no NVIDIA driver on this machine; device figures are not shown"
                 };
-                notice(bus, Level::Info, "nvml", format!("NVML unavailable ({e}): {what}"));
+                notice(
+                    bus,
+                    Level::Info,
+                    "nvml",
+                    format!("NVML unavailable ({e}): {what}"),
+                );
                 None
             }
         };

@@ -14,7 +14,14 @@ fn q_stops_with_a_checkpoint_and_restores_the_terminal() {
     cmd.current_dir(dir.path())
         .args(["train", "--config"])
         .arg(fixture("tiny.toml"))
-        .args(["--steps", "100000", "--checkpoint-dir", "ck", "--log", "run.jsonl"]);
+        .args([
+            "--steps",
+            "100000",
+            "--checkpoint-dir",
+            "ck",
+            "--log",
+            "run.jsonl",
+        ]);
     let mut pty = Pty::spawn(cmd, 100, 30);
     assert_eq!(pty.line_discipline(), (true, true), "a fresh pty is cooked");
 
@@ -29,18 +36,37 @@ fn q_stops_with_a_checkpoint_and_restores_the_terminal() {
         "no step on screen; output: {}",
         pty.output()
     );
-    assert_eq!(pty.line_discipline(), (false, false), "raw mode while running");
+    assert_eq!(
+        pty.line_discipline(),
+        (false, false),
+        "raw mode while running"
+    );
 
     pty.send(b"q");
     let status = pty
         .wait_exit(Duration::from_secs(60))
         .expect("headroom did not exit after q");
     let out = pty.output();
-    assert!(status.success(), "exit {status:?}; output tail: {}", tail(&out));
+    assert!(
+        status.success(),
+        "exit {status:?}; output tail: {}",
+        tail(&out)
+    );
     assert!(out.contains("\x1b[?1049l"), "left the alternate screen");
-    assert_eq!(pty.line_discipline(), (true, true), "terminal restored to cooked mode");
-    assert!(out.contains("stopped at step"), "summary after the screen: {}", tail(&out));
-    assert!(dir.path().join("ck/latest").exists(), "checkpoint written on q");
+    assert_eq!(
+        pty.line_discipline(),
+        (true, true),
+        "terminal restored to cooked mode"
+    );
+    assert!(
+        out.contains("stopped at step"),
+        "summary after the screen: {}",
+        tail(&out)
+    );
+    assert!(
+        dir.path().join("ck/latest").exists(),
+        "checkpoint written on q"
+    );
 
     let log = common::read_log(&dir.path().join("run.jsonl"));
     let finished = common::of_kind(&log, "finished");

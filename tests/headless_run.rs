@@ -6,7 +6,10 @@ use common::{of_kind, read_log, stderr, train_tiny};
 #[test]
 fn headless_run_logs_every_step_and_checkpoints() {
     let dir = tempfile::tempdir().unwrap();
-    let out = train_tiny(dir.path(), &["--log", "logs/run.jsonl", "--checkpoint-dir", "ck"]);
+    let out = train_tiny(
+        dir.path(),
+        &["--log", "logs/run.jsonl", "--checkpoint-dir", "ck"],
+    );
     let err = stderr(&out);
     assert!(out.status.success(), "stderr: {err}");
 
@@ -15,7 +18,11 @@ fn headless_run_logs_every_step_and_checkpoints() {
         .iter()
         .map(|r| r["step"].as_u64().unwrap())
         .collect();
-    assert_eq!(steps, (1..=20).collect::<Vec<_>>(), "one step record per step");
+    assert_eq!(
+        steps,
+        (1..=20).collect::<Vec<_>>(),
+        "one step record per step"
+    );
     for r in &log {
         assert!(r["ts"].as_f64().unwrap() > 1.0e9, "unix timestamp: {r}");
         assert!(r["t"].as_f64().unwrap() >= 0.0);
@@ -33,7 +40,10 @@ fn headless_run_logs_every_step_and_checkpoints() {
     assert!(err.contains("step     20/20"), "{err}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("completed at step 20/20"), "{stdout}");
-    assert!(dir.path().join("ck/latest").exists(), "final checkpoint written");
+    assert!(
+        dir.path().join("ck/latest").exists(),
+        "final checkpoint written"
+    );
 }
 
 #[test]
@@ -49,7 +59,9 @@ fn no_gpu_is_a_notice_not_a_failure() {
     if device == "cpu" {
         let notices = of_kind(&log, "notice");
         assert!(
-            notices.iter().any(|n| n["source"] == "nvml" || n["source"] == "device"),
+            notices
+                .iter()
+                .any(|n| n["source"] == "nvml" || n["source"] == "device"),
             "expected a notice about the missing GPU/driver: {notices:?}"
         );
     }

@@ -10,7 +10,10 @@ fn main() {
         std::env::var("DEP_TCH_LIBTORCH_LIB")
             .expect("torch-sys did not report its libtorch lib dir; run through ./dev"),
     );
-    let root = lib.parent().expect("libtorch lib dir has a parent").to_path_buf();
+    let root = lib
+        .parent()
+        .expect("libtorch lib dir has a parent")
+        .to_path_buf();
     cc::Build::new()
         .cpp(true)
         .pic(true)

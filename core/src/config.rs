@@ -301,7 +301,10 @@ impl RunConfig {
         if !(d.val_fraction > 0.0 && d.val_fraction <= 0.5) {
             return Err(invalid(
                 "data.val_fraction",
-                format!("{} is out of range; use a share in (0, 0.5]", d.val_fraction),
+                format!(
+                    "{} is out of range; use a share in (0, 0.5]",
+                    d.val_fraction
+                ),
             ));
         }
         if d.seq_len < 2 || d.seq_len > 1 << 16 {
@@ -317,7 +320,7 @@ impl RunConfig {
                 "n_layer, n_head and n_embd must each be at least 1",
             ));
         }
-        if m.n_embd % m.n_head != 0 {
+        if !m.n_embd.is_multiple_of(m.n_head) {
             return Err(invalid(
                 "model.n_embd",
                 format!(
@@ -341,7 +344,7 @@ impl RunConfig {
                 return Err(invalid(key, format!("{v} must be in [0, 1)")));
             }
         }
-        if !(o.eps > 0.0) || o.weight_decay < 0.0 || o.grad_clip < 0.0 {
+        if o.eps.is_nan() || o.eps <= 0.0 || o.weight_decay < 0.0 || o.grad_clip < 0.0 {
             return Err(invalid(
                 "optim",
                 "eps must be positive; weight_decay and grad_clip must not be negative",
@@ -392,7 +395,8 @@ mod tests {
             let path = entry.unwrap().path();
             if path.extension().is_some_and(|e| e == "toml") {
                 let cfg = RunConfig::load(&path).unwrap_or_else(|e| panic!("{e}"));
-                cfg.validate().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                cfg.validate()
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
                 seen += 1;
             }
         }
@@ -425,7 +429,11 @@ mod tests {
     fn range_errors_name_the_key_and_flag() {
         let mut c = RunConfig::default();
         c.batch.micro_batch = 0;
-        assert!(c.validate().unwrap_err().to_string().contains("--batch-size"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("--batch-size"));
         let mut c = RunConfig::default();
         c.batch.micro_batch = 1 << 20;
         assert!(c.validate().unwrap_err().to_string().contains("absurdly"));

@@ -19,16 +19,26 @@ pub enum Telemetry {
     /// Host, device and allocator figures from the sampler thread, at a fixed rate.
     Sample(SystemSample),
     /// The run's state changed (also the answer to pause / resume / stop).
-    Status { status: RunStatus },
+    Status {
+        status: RunStatus,
+    },
     /// Something the user should know that is not a failure: no GPU, no NVML, ...
     Notice(Notice),
-    CheckpointSaved { step: u64, path: String },
+    CheckpointSaved {
+        step: u64,
+        path: String,
+    },
     /// The trainer received a command; `applied` says what it did with it.
-    CommandApplied { command: Command, applied: String },
+    CommandApplied {
+        command: Command,
+        applied: String,
+    },
     /// The run ended normally (completed or stopped by the user).
     Finished(RunSummary),
     /// The run ended with an error or a panic in the trainer.
-    Failed { reason: String },
+    Failed {
+        reason: String,
+    },
 }
 
 impl Telemetry {

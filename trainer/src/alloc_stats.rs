@@ -25,8 +25,12 @@ struct AllocStatsRaw {
 
 extern "C" {
     fn hr_has_accelerator() -> c_int;
-    fn hr_device_stats(device: c_int, out: *mut AllocStatsRaw, err: *mut c_char, len: usize)
-        -> c_int;
+    fn hr_device_stats(
+        device: c_int,
+        out: *mut AllocStatsRaw,
+        err: *mut c_char,
+        len: usize,
+    ) -> c_int;
     fn hr_reset_peak_stats(device: c_int, err: *mut c_char, len: usize) -> c_int;
     fn hr_empty_cache(err: *mut c_char, len: usize) -> c_int;
     fn hr_memory_info(
@@ -106,7 +110,9 @@ pub fn memory_info(device: usize) -> Result<(u64, u64), String> {
         return Err("no accelerator".into());
     }
     let (mut free, mut total) = (0i64, 0i64);
-    checked(|err, len| unsafe { hr_memory_info(device as c_int, &mut free, &mut total, err, len) })?;
+    checked(|err, len| unsafe {
+        hr_memory_info(device as c_int, &mut free, &mut total, err, len)
+    })?;
     Ok((free.max(0) as u64, total.max(0) as u64))
 }
 

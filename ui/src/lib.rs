@@ -1,0 +1,12 @@
+//! headroom's dashboard: state ([`app`]), drawing ([`view`]), keys ([`keys`]), the live
+//! loop ([`event_loop`]) and terminal ownership ([`terminal`]). No libtorch here.
+pub mod app;
+pub mod event_loop;
+pub mod history;
+pub mod keys;
+pub mod terminal;
+pub mod view;
+
+pub use app::App;
+pub use event_loop::{run_dashboard, DashboardExit, DashboardOptions};
+pub use terminal::{install_panic_hook, TerminalGuard};

@@ -1,0 +1,384 @@
+//! The dashboard's state: everything the screen shows, folded from telemetry. Pure: no
+//! terminal, no clock (time is handed in), so every update is unit-tested.
+use std::collections::VecDeque;
+
+use headroom_core::units::{fmt_bytes, fmt_duration};
+use headroom_core::{
+    Command, EvalMetrics, Level, RunInfo, RunStatus, RunSummary, StepMetrics, SystemSample,
+    Telemetry,
+};
+
+use crate::history::{History, Merge};
+use crate::keys::Action;
+
+/// Points kept per chart; halving keeps the whole run in this budget.
+const HISTORY_POINTS: usize = 512;
+/// Entries kept in the event log.
+const EVENT_LOG_LEN: usize = 500;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogEntry {
+    /// Seconds since the dashboard started.
+    pub t: f64,
+    pub level: Level,
+    pub text: String,
+}
+
+/// What the event loop must do after a key.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reaction {
+    Nothing,
+    Send(Command),
+    /// Leave now, without waiting for the trainer.
+    Exit,
+}
+
+/// Memory as the gauge shows it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MemoryNow {
+    pub used: u64,
+    pub capacity: u64,
+    /// GPU memory (NVML) or, on CPU, the process's resident set against host memory.
+    pub on_gpu: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct App {
+    pub run_name: String,
+    pub color: bool,
+    pub info: Option<RunInfo>,
+    pub status: RunStatus,
+    pub failure: Option<String>,
+    /// The user asked to stop; the trainer has not confirmed yet.
+    pub stop_requested: bool,
+    pub last_step: Option<StepMetrics>,
+    pub last_eval: Option<EvalMetrics>,
+    pub sample: Option<SystemSample>,
+    pub summary: Option<RunSummary>,
+    /// Training loss by step.
+    pub loss: History,
+    /// Validation loss by step.
+    pub val_loss: History,
+    /// Memory in use by elapsed seconds (see [`MemoryNow`]).
+    pub memory: History,
+    pub events: VecDeque<LogEntry>,
+    pub elapsed: f64,
+    pub dropped: u64,
+    pub show_help: bool,
+}
+
+impl App {
+    pub fn new(run_name: &str, color: bool) -> App {
+        App {
+            run_name: run_name.to_string(),
+            color,
+            info: None,
+            status: RunStatus::Starting,
+            failure: None,
+            stop_requested: false,
+            last_step: None,
+            last_eval: None,
+            sample: None,
+            summary: None,
+            loss: History::new(HISTORY_POINTS, Merge::Mean),
+            val_loss: History::new(HISTORY_POINTS, Merge::Mean),
+            memory: History::new(HISTORY_POINTS, Merge::Max),
+            events: VecDeque::with_capacity(EVENT_LOG_LEN),
+            elapsed: 0.0,
+            dropped: 0,
+            show_help: false,
+        }
+    }
+
+    /// Time is given, not read, so rendering is deterministic under test.
+    pub fn set_elapsed(&mut self, secs: f64) {
+        self.elapsed = secs;
+    }
+
+    pub fn set_dropped(&mut self, n: u64) {
+        self.dropped = n;
+    }
+
+    /// True once the run has ended one way or the other.
+    pub fn is_over(&self) -> bool {
+        matches!(self.status, RunStatus::Finished | RunStatus::Failed)
+    }
+
+    pub fn apply(&mut self, msg: &Telemetry) {
+        match msg {
+            Telemetry::RunStarted(info) => {
+                self.log(
+                    Level::Info,
+                    format!(
+                        "run '{}' started on {} ({:.2}M parameters, steps {}..{})",
+                        info.run_name,
+                        info.device,
+                        info.parameters as f64 / 1e6,
+                        info.start_step + 1,
+                        info.total_steps
+                    ),
+                );
+                self.run_name = info.run_name.clone();
+                self.info = Some(info.clone());
+            }
+            Telemetry::Step(s) => {
+                self.loss.push(s.step as f64, s.loss);
+                self.last_step = Some(s.clone());
+            }
+            Telemetry::Eval(e) => {
+                self.val_loss.push(e.step as f64, e.val_loss);
+                self.log(
+                    Level::Info,
+                    format!(
+                        "eval at step {}: val {:.4}, train {:.4}",
+                        e.step, e.val_loss, e.train_loss
+                    ),
+                );
+                self.last_eval = Some(e.clone());
+            }
+            Telemetry::Sample(s) => {
+                self.sample = Some(s.clone());
+                if let Some(m) = self.memory_now() {
+                    self.memory.push(self.elapsed, m.used as f64);
+                }
+            }
+            Telemetry::Status { status } => {
+                self.status = *status;
+                self.log(Level::Info, format!("status: {}", status.label()));
+            }
+            Telemetry::Notice(n) => self.log(n.level, format!("[{}] {}", n.source, n.text)),
+            Telemetry::CheckpointSaved { step, path } => {
+                self.log(Level::Info, format!("checkpoint at step {step}: {path}"))
+            }
+            Telemetry::CommandApplied { applied, .. } => self.log(Level::Info, applied.clone()),
+            Telemetry::Finished(s) => {
+                self.status = RunStatus::Finished;
+                let how = if s.stopped_by_user {
+                    "stopped"
+                } else {
+                    "completed"
+                };
+                self.log(
+                    Level::Info,
+                    format!("run {how} at step {}/{}", s.steps_done, s.total_steps),
+                );
+                self.summary = Some(s.clone());
+            }
+            Telemetry::Failed { reason } => {
+                self.status = RunStatus::Failed;
+                self.failure = Some(reason.clone());
+                self.log(Level::Error, format!("run failed: {reason}"));
+            }
+        }
+    }
+
+    /// Applies a key's action; the caller sends the command, if any.
+    pub fn handle(&mut self, action: Action) -> Reaction {
+        match action {
+            Action::Quit if self.stop_requested || self.is_over() => Reaction::Exit,
+            Action::Quit => {
+                self.stop_requested = true;
+                self.show_help = false;
+                self.log(
+                    Level::Info,
+                    "stop requested: finishing the step and checkpointing (q again: quit now)",
+                );
+                Reaction::Send(Command::Stop)
+            }
+            // Decided by the status the trainer confirmed, not by what was last pressed.
+            Action::TogglePause => match self.status {
+                RunStatus::Running => Reaction::Send(Command::Pause),
+                RunStatus::Paused => Reaction::Send(Command::Resume),
+                _ => Reaction::Nothing,
+            },
+            Action::Checkpoint if !self.is_over() => Reaction::Send(Command::Checkpoint),
+            Action::Checkpoint => Reaction::Nothing,
+            Action::ToggleHelp => {
+                self.show_help = !self.show_help;
+                Reaction::Nothing
+            }
+            Action::Back => {
+                self.show_help = false;
+                Reaction::Nothing
+            }
+        }
+    }
+
+    fn log(&mut self, level: Level, text: impl Into<String>) {
+        if self.events.len() == EVENT_LOG_LEN {
+            self.events.pop_back();
+        }
+        self.events.push_front(LogEntry {
+            t: self.elapsed,
+            level,
+            text: text.into(),
+        });
+    }
+
+    pub fn memory_now(&self) -> Option<MemoryNow> {
+        let s = self.sample.as_ref()?;
+        Some(match &s.gpu {
+            Some(g) => MemoryNow {
+                used: g.mem_used,
+                capacity: g.mem_total,
+                on_gpu: true,
+            },
+            None => MemoryNow {
+                used: s.host.process_rss,
+                capacity: s.host.mem_total,
+                on_gpu: false,
+            },
+        })
+    }
+
+    pub fn total_steps(&self) -> u64 {
+        self.last_step
+            .as_ref()
+            .map(|s| s.total_steps)
+            .or(self.info.as_ref().map(|i| i.total_steps))
+            .unwrap_or(0)
+    }
+
+    pub fn step(&self) -> u64 {
+        self.last_step
+            .as_ref()
+            .map(|s| s.step)
+            .or(self.info.as_ref().map(|i| i.start_step))
+            .unwrap_or(0)
+    }
+
+    /// Seconds left at the last step's pace.
+    pub fn eta(&self) -> Option<f64> {
+        let s = self.last_step.as_ref()?;
+        Some(s.total_steps.saturating_sub(s.step) as f64 * s.step_time_s)
+    }
+
+    /// `running`, `paused`, `stopping (requested)`, `failed: reason`...
+    pub fn status_text(&self) -> String {
+        match (&self.status, &self.failure) {
+            (RunStatus::Failed, Some(r)) => format!("failed: {r}"),
+            (RunStatus::Running, _) if self.stop_requested => "stop requested".into(),
+            (s, _) => s.label().into(),
+        }
+    }
+
+    pub fn progress_line(&self) -> String {
+        let (step, total) = (self.step(), self.total_steps());
+        let pct = if total > 0 {
+            100.0 * step as f64 / total as f64
+        } else {
+            0.0
+        };
+        let eta = self.eta().map(fmt_duration).unwrap_or_else(|| "--".into());
+        format!("step {step}/{total} ({pct:.0}%)  ETA {eta}")
+    }
+
+    pub fn device_line(&self) -> String {
+        let Some(info) = &self.info else {
+            return "device: starting…".into();
+        };
+        match self.sample.as_ref().and_then(|s| s.gpu.as_ref()) {
+            Some(g) => format!("{} · {} · {}", info.device, g.name, fmt_bytes(g.mem_total)),
+            None => format!("{} · {}", info.device, info.device_name),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use headroom_core::{GpuStats, HostStats, Notice};
+
+    fn status(s: RunStatus) -> Telemetry {
+        Telemetry::Status { status: s }
+    }
+
+    #[test]
+    fn pause_key_follows_the_confirmed_status() {
+        let mut app = App::new("t", false);
+        assert_eq!(app.handle(Action::TogglePause), Reaction::Nothing);
+        app.apply(&status(RunStatus::Running));
+        assert_eq!(
+            app.handle(Action::TogglePause),
+            Reaction::Send(Command::Pause)
+        );
+        // Pressing again before the trainer confirms still asks to pause: the screen
+        // never assumes the command took effect.
+        assert_eq!(
+            app.handle(Action::TogglePause),
+            Reaction::Send(Command::Pause)
+        );
+        app.apply(&status(RunStatus::Paused));
+        assert_eq!(
+            app.handle(Action::TogglePause),
+            Reaction::Send(Command::Resume)
+        );
+    }
+
+    #[test]
+    fn quit_asks_once_then_exits() {
+        let mut app = App::new("t", false);
+        app.apply(&status(RunStatus::Running));
+        assert_eq!(app.handle(Action::Quit), Reaction::Send(Command::Stop));
+        assert_eq!(app.status_text(), "stop requested");
+        assert_eq!(app.handle(Action::Quit), Reaction::Exit);
+    }
+
+    #[test]
+    fn failure_sets_status_and_reason() {
+        let mut app = App::new("t", false);
+        app.apply(&Telemetry::Failed {
+            reason: "trainer panicked: boom".into(),
+        });
+        assert!(app.is_over());
+        assert_eq!(app.status_text(), "failed: trainer panicked: boom");
+        assert_eq!(app.events[0].level, Level::Error);
+        assert_eq!(app.handle(Action::Checkpoint), Reaction::Nothing);
+    }
+
+    #[test]
+    fn event_log_is_newest_first_and_bounded() {
+        let mut app = App::new("t", false);
+        for i in 0..EVENT_LOG_LEN + 20 {
+            app.apply(&Telemetry::Notice(Notice::new(
+                Level::Info,
+                "x",
+                format!("n{i}"),
+            )));
+        }
+        assert_eq!(app.events.len(), EVENT_LOG_LEN);
+        assert!(app.events[0]
+            .text
+            .ends_with(&format!("n{}", EVENT_LOG_LEN + 19)));
+    }
+
+    #[test]
+    fn memory_is_gpu_when_nvml_answers_else_process_rss() {
+        let mut app = App::new("t", false);
+        let mut sample = SystemSample {
+            host: HostStats {
+                process_rss: 100,
+                mem_total: 1000,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        app.apply(&Telemetry::Sample(sample.clone()));
+        assert_eq!(
+            app.memory_now(),
+            Some(MemoryNow {
+                used: 100,
+                capacity: 1000,
+                on_gpu: false
+            })
+        );
+        sample.gpu = Some(GpuStats {
+            mem_used: 7,
+            mem_total: 80,
+            ..Default::default()
+        });
+        app.apply(&Telemetry::Sample(sample));
+        assert!(app.memory_now().unwrap().on_gpu);
+        assert_eq!(app.memory.last().unwrap().1, 7.0);
+    }
+}

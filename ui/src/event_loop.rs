@@ -1,0 +1,170 @@
+//! The live loop: input, telemetry and a frame tick, multiplexed with `select!`.
+//! Telemetry only updates state and marks the screen dirty; drawing happens at most once
+//! per tick (the frame cap) or right after a key, so a flood of messages never turns into
+//! a flood of frames, and a busy trainer never delays a key.
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, never, select, tick, Receiver, Sender};
+use crossterm::event::{self, Event, KeyEventKind};
+use headroom_core::{Command, RunSummary, Telemetry};
+use ratatui::backend::CrosstermBackend;
+use ratatui::Terminal;
+
+use crate::app::{App, Reaction};
+use crate::keys::action_for;
+use crate::terminal::TerminalGuard;
+use crate::view::render;
+
+#[derive(Debug, Clone)]
+pub struct DashboardOptions {
+    pub run_name: String,
+    /// False when NO_COLOR is set: decided once here, never inside draw.
+    pub color: bool,
+    /// Minimum time between frames.
+    pub frame_interval: Duration,
+}
+
+impl DashboardOptions {
+    pub fn from_env(run_name: &str) -> DashboardOptions {
+        DashboardOptions {
+            run_name: run_name.to_string(),
+            color: std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+            frame_interval: Duration::from_millis(50),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct DashboardExit {
+    pub summary: Option<RunSummary>,
+    pub failure: Option<String>,
+    /// The user quit without waiting for the trainer to finish.
+    pub force_quit: bool,
+}
+
+/// Runs the dashboard until the run finishes or fails, the trainer goes away, or the
+/// user force-quits. The terminal is restored before this returns, whatever happens.
+pub fn run_dashboard(
+    events: Receiver<Telemetry>,
+    metrics: Receiver<Telemetry>,
+    commands: Sender<Command>,
+    dropped: Arc<AtomicU64>,
+    opts: DashboardOptions,
+) -> io::Result<DashboardExit> {
+    let guard = TerminalGuard::enter()?;
+    let mut terminal = Terminal::new(CrosstermBackend::new(io::stdout()))?;
+    terminal.clear()?;
+
+    let (input, stop_input) = spawn_input_reader();
+    let result = event_loop(
+        &mut terminal,
+        &events,
+        metrics,
+        &commands,
+        &dropped,
+        &input,
+        &opts,
+    );
+    stop_input.store(true, Ordering::SeqCst);
+    drop(guard);
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+fn event_loop(
+    terminal: &mut Terminal<CrosstermBackend<io::Stdout>>,
+    events: &Receiver<Telemetry>,
+    mut metrics: Receiver<Telemetry>,
+    commands: &Sender<Command>,
+    dropped: &AtomicU64,
+    input: &Receiver<io::Result<Event>>,
+    opts: &DashboardOptions,
+) -> io::Result<DashboardExit> {
+    let mut app = App::new(&opts.run_name, opts.color);
+    let frames = tick(opts.frame_interval);
+    let started = Instant::now();
+    let mut exit = DashboardExit::default();
+    let mut dirty = true;
+    loop {
+        let mut draw_now = false;
+        select! {
+            recv(input) -> ev => match ev {
+                Ok(Ok(Event::Key(key))) if key.kind != KeyEventKind::Release => {
+                    if let Some(action) = action_for(key) {
+                        match app.handle(action) {
+                            Reaction::Nothing => {}
+                            // The trainer may be inside a long step: queue, never block.
+                            Reaction::Send(cmd) => { let _ = commands.try_send(cmd); }
+                            Reaction::Exit => {
+                                exit.force_quit = !app.is_over();
+                                break;
+                            }
+                        }
+                        draw_now = true;
+                    }
+                }
+                Ok(Ok(Event::Resize(_, _))) => draw_now = true,
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(io::Error::other("terminal input reader stopped")),
+            },
+            recv(events) -> msg => match msg {
+                Ok(msg) => {
+                    app.apply(&msg);
+                    dirty = true;
+                    match msg {
+                        Telemetry::Finished(s) => { exit.summary = Some(s); break; }
+                        Telemetry::Failed { reason } => { exit.failure = Some(reason); break; }
+                        _ => {}
+                    }
+                }
+                // The trainer is gone without a last word; main reports its join result.
+                Err(_) => break,
+            },
+            recv(metrics) -> msg => match msg {
+                Ok(msg) => { app.apply(&msg); dirty = true; }
+                Err(_) => metrics = never(),
+            },
+            recv(frames) -> _ => {
+                app.set_elapsed(started.elapsed().as_secs_f64());
+                app.set_dropped(dropped.load(Ordering::Relaxed));
+                draw_now = dirty;
+            },
+        }
+        if draw_now {
+            terminal.draw(|f| render(f, &app))?;
+            dirty = false;
+        }
+    }
+    Ok(exit)
+}
+
+/// Reads terminal events on a thread of its own, polling so it can be told to stop.
+fn spawn_input_reader() -> (Receiver<io::Result<Event>>, Arc<AtomicBool>) {
+    let (tx, rx) = bounded(64);
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_flag = Arc::clone(&stop);
+    std::thread::Builder::new()
+        .name("input".into())
+        .spawn(move || {
+            while !stop_flag.load(Ordering::SeqCst) {
+                match event::poll(Duration::from_millis(50)) {
+                    Ok(true) => {
+                        if tx.send(event::read()).is_err() {
+                            break;
+                        }
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        break;
+                    }
+                }
+            }
+        })
+        .expect("spawning the input thread");
+    (rx, stop)
+}

@@ -1,0 +1,396 @@
+//! Drawing. Reads the [`App`] and nothing else: no I/O, no locks, no clocks.
+use headroom_core::units::{fmt_bytes, fmt_duration};
+use headroom_core::{Level, RunStatus};
+use ratatui::layout::{Alignment, Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::symbols::Marker;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Axis, Block, Chart, Clear, Dataset, Gauge, GraphType, Paragraph, Wrap};
+use ratatui::Frame;
+
+use crate::app::App;
+use crate::keys::BINDINGS;
+
+pub const MIN_WIDTH: u16 = 80;
+pub const MIN_HEIGHT: u16 = 24;
+
+pub fn render(frame: &mut Frame, app: &App) {
+    let area = frame.area();
+    if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
+        too_small(frame, area);
+        return;
+    }
+    let [header, top, charts, events, footer] = Layout::vertical([
+        Constraint::Length(4),
+        Constraint::Length(6),
+        Constraint::Min(8),
+        Constraint::Length(7),
+        Constraint::Length(1),
+    ])
+    .areas(area);
+    let [memory, batch] =
+        Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)]).areas(top);
+    let [mem_chart, loss_chart] =
+        Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(charts);
+
+    render_header(frame, app, header);
+    render_memory(frame, app, memory);
+    render_batch(frame, app, batch);
+    render_memory_chart(frame, app, mem_chart);
+    render_loss_chart(frame, app, loss_chart);
+    render_events(frame, app, events);
+    render_footer(frame, app, footer);
+    if app.show_help {
+        render_help(frame, app, area);
+    }
+}
+
+/// A style that is plain when colour is off (NO_COLOR).
+fn fg(app: &App, color: Color) -> Style {
+    if app.color {
+        Style::default().fg(color)
+    } else {
+        Style::default()
+    }
+}
+
+fn status_color(status: RunStatus) -> Color {
+    match status {
+        RunStatus::Running => Color::Green,
+        RunStatus::Paused | RunStatus::Stopping | RunStatus::Starting => Color::Yellow,
+        RunStatus::Finished => Color::Cyan,
+        RunStatus::Failed => Color::Red,
+    }
+}
+
+fn too_small(frame: &mut Frame, area: Rect) {
+    let text = format!(
+        "Terminal too small: {}x{}, need at least {MIN_WIDTH}x{MIN_HEIGHT}. Enlarge the window.",
+        area.width, area.height
+    );
+    let height = 3.min(area.height);
+    let y = area.y + area.height.saturating_sub(height) / 2;
+    let rect = Rect::new(area.x, y, area.width, height);
+    frame.render_widget(
+        Paragraph::new(text)
+            .alignment(Alignment::Center)
+            .wrap(Wrap { trim: true }),
+        rect,
+    );
+}
+
+fn render_header(frame: &mut Frame, app: &App, area: Rect) {
+    let title = format!(" headroom · {} ", app.run_name);
+    let block = Block::bordered().title(Span::styled(
+        title,
+        fg(app, Color::Cyan).add_modifier(Modifier::BOLD),
+    ));
+    let status = Span::styled(
+        format!("● {}", app.status_text()),
+        fg(app, status_color(app.status)).add_modifier(Modifier::BOLD),
+    );
+    let throughput = match &app.last_step {
+        Some(s) => format!(
+            "{:.1} samples/s · {:.0} tok/s · {:.1} steps/s",
+            s.samples_per_s,
+            s.tokens_per_s,
+            1.0 / s.step_time_s.max(1e-9)
+        ),
+        None => "waiting for the first step".into(),
+    };
+    let params = app
+        .info
+        .as_ref()
+        .map(|i| format!(" · {:.2}M params", i.parameters as f64 / 1e6))
+        .unwrap_or_default();
+    let lines = vec![
+        Line::from(vec![
+            status,
+            Span::raw("  "),
+            Span::raw(app.progress_line()),
+            Span::raw(format!("  elapsed {}", fmt_duration(app.elapsed))),
+        ]),
+        Line::from(format!("{}{params} · {throughput}", app.device_line())),
+    ];
+    frame.render_widget(Paragraph::new(lines).block(block), area);
+}
+
+fn render_memory(frame: &mut Frame, app: &App, area: Rect) {
+    let block = Block::bordered().title(" memory now ");
+    let inner = block.inner(area);
+    frame.render_widget(block, area);
+    let [gauge_area, text_area] =
+        Layout::vertical([Constraint::Length(1), Constraint::Min(1)]).areas(inner);
+
+    let Some(mem) = app.memory_now() else {
+        frame.render_widget(Paragraph::new("waiting for the first sample…"), inner);
+        return;
+    };
+    let ratio = if mem.capacity > 0 {
+        (mem.used as f64 / mem.capacity as f64).clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    let what = if mem.on_gpu { "GPU" } else { "process RSS" };
+    let color = match ratio {
+        r if r >= 0.95 => Color::Red,
+        r if r >= 0.90 => Color::Yellow,
+        _ => Color::Green,
+    };
+    frame.render_widget(
+        Gauge::default()
+            .gauge_style(fg(app, color))
+            .ratio(ratio)
+            .label(format!(
+                "{what} {} / {} ({:.1}%)",
+                fmt_bytes(mem.used),
+                fmt_bytes(mem.capacity),
+                ratio * 100.0
+            )),
+        gauge_area,
+    );
+
+    let sample = app.sample.as_ref();
+    let mut lines = vec![Line::from(format!(
+        "headroom {} free",
+        fmt_bytes(mem.capacity.saturating_sub(mem.used))
+    ))];
+    match sample.and_then(|s| s.allocator.as_ref()) {
+        Some(a) => {
+            lines.push(Line::from(format!(
+                "alloc {} · reserved {} · frag {:.1}% · unused {:.1}%",
+                fmt_bytes(a.allocated),
+                fmt_bytes(a.reserved),
+                a.fragmentation() * 100.0,
+                a.unused_reserved() * 100.0
+            )));
+            lines.push(Line::from(format!(
+                "peak alloc {} · retries {} · OOMs {}",
+                fmt_bytes(a.allocated_peak),
+                a.num_alloc_retries,
+                a.num_ooms
+            )));
+        }
+        None => {
+            if let Some(s) = sample {
+                lines.push(Line::from(format!(
+                    "host {} / {} · cpu {:.0}%",
+                    fmt_bytes(s.host.mem_used),
+                    fmt_bytes(s.host.mem_total),
+                    s.host.cpu_percent
+                )));
+            }
+            lines.push(Line::styled(
+                "allocator stats are CUDA-only: this run is on the CPU",
+                fg(app, Color::DarkGray),
+            ));
+        }
+    }
+    frame.render_widget(Paragraph::new(lines), text_area);
+}
+
+fn render_batch(frame: &mut Frame, app: &App, area: Rect) {
+    let block = Block::bordered().title(" training ");
+    let lines = match &app.last_step {
+        None => vec![Line::from("no step yet")],
+        Some(s) => {
+            let val = app
+                .last_eval
+                .as_ref()
+                .map(|e| format!("{:.4}", e.val_loss))
+                .unwrap_or_else(|| "--".into());
+            vec![
+                Line::from(format!(
+                    "batch: micro {} × accum {} = effective {}",
+                    s.micro_batch, s.accum_steps, s.effective_batch
+                )),
+                Line::from(format!(
+                    "seq {} · lr {:.2e} · step {:.0} ms",
+                    s.seq_len,
+                    s.lr,
+                    s.step_time_s * 1e3
+                )),
+                Line::from(format!(
+                    "loss {:.4} · val {val} · grad norm {:.2}",
+                    s.loss, s.grad_norm
+                )),
+                Line::from(format!("tokens seen {}", s.tokens_seen)),
+            ]
+        }
+    };
+    frame.render_widget(Paragraph::new(lines).block(block), area);
+}
+
+fn bounds(points: &[(f64, f64)]) -> Option<([f64; 2], [f64; 2])> {
+    let first = points.first()?;
+    let (mut x, mut y) = ([first.0, first.0], [first.1, first.1]);
+    for p in points {
+        x = [x[0].min(p.0), x[1].max(p.0)];
+        y = [y[0].min(p.1), y[1].max(p.1)];
+    }
+    if x[1] <= x[0] {
+        x[1] = x[0] + 1.0;
+    }
+    Some((x, y))
+}
+
+fn empty_chart(frame: &mut Frame, block: Block, area: Rect, text: &str) {
+    frame.render_widget(Paragraph::new(text).block(block), area);
+}
+
+fn render_memory_chart(frame: &mut Frame, app: &App, area: Rect) {
+    let block = Block::bordered().title(" memory history ");
+    let points = app.memory.points();
+    let (Some((x, _)), Some(mem)) = (bounds(&points), app.memory_now()) else {
+        return empty_chart(frame, block, area, "no samples yet");
+    };
+    let top = mem.capacity.max(1) as f64;
+    let data = Dataset::default()
+        .marker(Marker::Braille)
+        .graph_type(GraphType::Line)
+        .style(fg(app, Color::Magenta))
+        .data(&points);
+    let chart = Chart::new(vec![data])
+        .block(block)
+        .x_axis(
+            Axis::default()
+                .bounds(x)
+                .labels([fmt_duration(x[0]), fmt_duration(x[1])]),
+        )
+        .y_axis(
+            Axis::default()
+                .bounds([0.0, top])
+                .labels(["0".to_string(), fmt_bytes(mem.capacity)]),
+        );
+    frame.render_widget(chart, area);
+}
+
+fn render_loss_chart(frame: &mut Frame, app: &App, area: Rect) {
+    let block = Block::bordered().title(" loss (train, val) ");
+    let train = app.loss.points();
+    let val = app.val_loss.points();
+    let all: Vec<(f64, f64)> = train.iter().chain(val.iter()).copied().collect();
+    let Some((x, y)) = bounds(&all) else {
+        return empty_chart(frame, block, area, "no step yet");
+    };
+    let pad = ((y[1] - y[0]) * 0.05).max(1e-3);
+    let y = [(y[0] - pad).max(0.0), y[1] + pad];
+    let datasets = vec![
+        Dataset::default()
+            .name("train")
+            .marker(Marker::Braille)
+            .graph_type(GraphType::Line)
+            .style(fg(app, Color::Cyan))
+            .data(&train),
+        Dataset::default()
+            .name("val")
+            .marker(Marker::Dot)
+            .graph_type(GraphType::Scatter)
+            .style(fg(app, Color::Yellow))
+            .data(&val),
+    ];
+    let chart = Chart::new(datasets)
+        .block(block)
+        .x_axis(
+            Axis::default()
+                .bounds(x)
+                .labels([format!("{:.0}", x[0]), format!("{:.0}", x[1])]),
+        )
+        .y_axis(
+            Axis::default()
+                .bounds(y)
+                .labels([format!("{:.2}", y[0]), format!("{:.2}", y[1])]),
+        );
+    frame.render_widget(chart, area);
+}
+
+fn render_events(frame: &mut Frame, app: &App, area: Rect) {
+    let block = Block::bordered().title(" events (newest first) ");
+    let rows = area.height.saturating_sub(2) as usize;
+    let lines: Vec<Line> = app
+        .events
+        .iter()
+        .take(rows)
+        .map(|e| {
+            let color = match e.level {
+                Level::Info => Color::Reset,
+                Level::Warn => Color::Yellow,
+                Level::Error => Color::Red,
+            };
+            Line::from(vec![
+                Span::styled(
+                    format!("{:>6} ", fmt_duration(e.t)),
+                    fg(app, Color::DarkGray),
+                ),
+                Span::styled(e.text.clone(), fg(app, color)),
+            ])
+        })
+        .collect();
+    frame.render_widget(Paragraph::new(lines).block(block), area);
+}
+
+fn render_footer(frame: &mut Frame, app: &App, area: Rect) {
+    let mut spans = Vec::new();
+    for (key, what) in BINDINGS.iter().take(4) {
+        spans.push(Span::styled(
+            format!(" {key} "),
+            fg(app, Color::Black).bg_if(app.color, Color::Gray),
+        ));
+        let short = what.split([':', '(']).next().unwrap_or(what).trim();
+        spans.push(Span::raw(format!(" {short}  ")));
+    }
+    if app.dropped > 0 {
+        spans.push(Span::styled(
+            format!("dropped samples {}", app.dropped),
+            fg(app, Color::DarkGray),
+        ));
+    }
+    frame.render_widget(Paragraph::new(Line::from(spans)), area);
+}
+
+fn render_help(frame: &mut Frame, app: &App, area: Rect) {
+    let width = 72.min(area.width);
+    let height = (BINDINGS.len() as u16 + 4).min(area.height);
+    let rect = Rect::new(
+        area.x + (area.width - width) / 2,
+        area.y + (area.height - height) / 2,
+        width,
+        height,
+    );
+    let mut lines: Vec<Line> = BINDINGS
+        .iter()
+        .map(|(k, what)| {
+            Line::from(vec![
+                Span::styled(format!("{k:>5}  "), fg(app, Color::Cyan)),
+                Span::raw(*what),
+            ])
+        })
+        .collect();
+    lines.push(Line::from(""));
+    lines.push(Line::styled(
+        "commands apply at the next step boundary; the screen shows what the trainer confirmed",
+        fg(app, Color::DarkGray),
+    ));
+    frame.render_widget(Clear, rect);
+    frame.render_widget(
+        Paragraph::new(lines)
+            .wrap(Wrap { trim: true })
+            .block(Block::bordered().title(" help — Esc or ? to close ")),
+        rect,
+    );
+}
+
+/// Background colour only when colour is on.
+trait BgIf {
+    fn bg_if(self, on: bool, color: Color) -> Self;
+}
+
+impl BgIf for Style {
+    fn bg_if(self, on: bool, color: Color) -> Self {
+        if on {
+            self.bg(color)
+        } else {
+            self.add_modifier(Modifier::REVERSED)
+        }
+    }
+}
