@@ -84,6 +84,7 @@ fn dashboard(
     commands: Sender<Command>,
     bus: &Bus,
 ) -> Result<StreamEnd> {
+    headroom_ui::install_panic_hook();
     let opts = headroom_ui::DashboardOptions::from_env(name);
     let exit = headroom_ui::run_dashboard(events, metrics, commands, bus.dropped_counter(), opts)
         .context("the dashboard failed")?;

@@ -56,7 +56,6 @@ pub fn run_dashboard(
 ) -> io::Result<DashboardExit> {
     let guard = TerminalGuard::enter()?;
     let mut terminal = Terminal::new(CrosstermBackend::new(io::stdout()))?;
-    terminal.clear()?;
 
     let (input, stop_input) = spawn_input_reader();
     let result = event_loop(
