@@ -315,7 +315,7 @@ impl Trainer {
             }
             self.train_one(bus)?;
             let s = self.step;
-            let every = |n: u64| n > 0 && s % n == 0 && s < total;
+            let every = |n: u64| n > 0 && s.is_multiple_of(n) && s < total;
             if every(self.cfg.run.eval_every) {
                 self.evaluate(bus)?;
             }

@@ -32,7 +32,7 @@ pub fn action_for(key: KeyEvent) -> Option<Action> {
 pub const BINDINGS: &[(&str, &str)] = &[
     (
         "q",
-        "stop: checkpoint, restore terminal, summary (q again: don't wait)",
+        "stop: finish the step, checkpoint, summary (q again: quit now)",
     ),
     ("p", "pause / resume at the next step boundary"),
     ("c", "write a checkpoint now"),

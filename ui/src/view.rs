@@ -244,7 +244,10 @@ fn render_memory_chart(frame: &mut Frame, app: &App, area: Rect) {
     let (Some((x, _)), Some(mem)) = (bounds(&points), app.memory_now()) else {
         return empty_chart(frame, block, area, "no samples yet");
     };
-    let top = mem.capacity.max(1) as f64;
+    // Scaled to what was used (with room above), not to capacity: 500 MiB of a 24 GiB
+    // host would otherwise be a flat line on the floor. The gauge shows capacity.
+    let seen = app.memory.y_range().map_or(1.0, |(_, hi)| hi);
+    let top = (seen * 1.25).min(mem.capacity as f64).max(1.0);
     let data = Dataset::default()
         .marker(Marker::Braille)
         .graph_type(GraphType::Line)
@@ -260,7 +263,7 @@ fn render_memory_chart(frame: &mut Frame, app: &App, area: Rect) {
         .y_axis(
             Axis::default()
                 .bounds([0.0, top])
-                .labels(["0".to_string(), fmt_bytes(mem.capacity)]),
+                .labels(["0".to_string(), fmt_bytes(top as u64)]),
         );
     frame.render_widget(chart, area);
 }
@@ -350,7 +353,7 @@ fn render_footer(frame: &mut Frame, app: &App, area: Rect) {
 
 fn render_help(frame: &mut Frame, app: &App, area: Rect) {
     let width = 72.min(area.width);
-    let height = (BINDINGS.len() as u16 + 4).min(area.height);
+    let height = (BINDINGS.len() as u16 + 6).min(area.height);
     let rect = Rect::new(
         area.x + (area.width - width) / 2,
         area.y + (area.height - height) / 2,
@@ -374,7 +377,7 @@ fn render_help(frame: &mut Frame, app: &App, area: Rect) {
     frame.render_widget(Clear, rect);
     frame.render_widget(
         Paragraph::new(lines)
-            .wrap(Wrap { trim: true })
+            .wrap(Wrap { trim: false })
             .block(Block::bordered().title(" help — Esc or ? to close ")),
         rect,
     );
