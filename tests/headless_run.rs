@@ -66,3 +66,36 @@ fn no_gpu_is_a_notice_not_a_failure() {
         );
     }
 }
+
+#[test]
+fn resume_continues_exactly_where_an_uninterrupted_run_would_be() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = train_tiny(
+        dir.path(),
+        &["--steps", "12", "--checkpoint-dir", "full", "--log", "full.jsonl"],
+    );
+    assert!(full.status.success(), "{}", stderr(&full));
+    let half = train_tiny(
+        dir.path(),
+        &["--steps", "6", "--checkpoint-dir", "half", "--log", "half.jsonl"],
+    );
+    assert!(half.status.success(), "{}", stderr(&half));
+    let resumed = common::bin()
+        .current_dir(dir.path())
+        .args(["train", "--headless", "--resume", "half", "--steps", "12"])
+        .args(["--log", "resumed.jsonl"])
+        .output()
+        .unwrap();
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+
+    let losses = |name: &str| -> Vec<(u64, f64)> {
+        of_kind(&read_log(&dir.path().join(name)), "step")
+            .iter()
+            .map(|r| (r["step"].as_u64().unwrap(), r["loss"].as_f64().unwrap()))
+            .collect()
+    };
+    let full = losses("full.jsonl");
+    let resumed = losses("resumed.jsonl");
+    assert_eq!(resumed.first().map(|r| r.0), Some(7), "resumed after step 6");
+    assert_eq!(&full[6..], &resumed[..], "steps 7..12 identical (CPU, same seed)");
+}
