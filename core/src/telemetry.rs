@@ -9,6 +9,9 @@ use crate::config::RunConfig;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
+// Consumers (UI, headless) ignore kinds they do not know yet, so the trainer can grow
+// new records without breaking them.
+#[non_exhaustive]
 pub enum Telemetry {
     /// Once, before the first step.
     RunStarted(RunInfo),

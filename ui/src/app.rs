@@ -169,6 +169,7 @@ impl App {
                 self.failure = Some(reason.clone());
                 self.log(Level::Error, format!("run failed: {reason}"));
             }
+            _ => {}
         }
     }
 
