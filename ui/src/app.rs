@@ -33,6 +33,61 @@ pub enum Reaction {
     Exit,
 }
 
+/// The panel keys like arrows act on; drawn with a highlighted border.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Focus {
+    Events,
+    MemoryChart,
+    LossChart,
+}
+
+impl Focus {
+    const ORDER: [Focus; 3] = [Focus::Events, Focus::MemoryChart, Focus::LossChart];
+
+    fn shifted(self, by: isize) -> Focus {
+        let i = Self::ORDER.iter().position(|f| *f == self).unwrap_or(0) as isize;
+        Self::ORDER[(i + by).rem_euclid(Self::ORDER.len() as isize) as usize]
+    }
+}
+
+/// How much of the past the memory-history chart shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Window {
+    OneMinute,
+    FiveMinutes,
+    FifteenMinutes,
+    WholeRun,
+}
+
+impl Window {
+    pub fn seconds(self) -> Option<f64> {
+        match self {
+            Window::OneMinute => Some(60.0),
+            Window::FiveMinutes => Some(300.0),
+            Window::FifteenMinutes => Some(900.0),
+            Window::WholeRun => None,
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Window::OneMinute => "1m",
+            Window::FiveMinutes => "5m",
+            Window::FifteenMinutes => "15m",
+            Window::WholeRun => "run",
+        }
+    }
+
+    fn next(self) -> Window {
+        match self {
+            Window::OneMinute => Window::FiveMinutes,
+            Window::FiveMinutes => Window::FifteenMinutes,
+            Window::FifteenMinutes => Window::WholeRun,
+            Window::WholeRun => Window::OneMinute,
+        }
+    }
+}
+
 /// Memory as the gauge shows it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MemoryNow {
@@ -65,6 +120,10 @@ pub struct App {
     pub elapsed: f64,
     pub dropped: u64,
     pub show_help: bool,
+    pub focus: Focus,
+    /// Entries of the event log scrolled past (0: the newest is on top).
+    pub event_scroll: usize,
+    pub window: Window,
 }
 
 impl App {
@@ -87,6 +146,9 @@ impl App {
             elapsed: 0.0,
             dropped: 0,
             show_help: false,
+            focus: Focus::Events,
+            event_scroll: 0,
+            window: Window::FiveMinutes,
         }
     }
 
@@ -202,12 +264,41 @@ impl App {
                 self.show_help = false;
                 Reaction::Nothing
             }
+            Action::FocusNext => {
+                self.focus = self.focus.shifted(1);
+                Reaction::Nothing
+            }
+            Action::FocusPrev => {
+                self.focus = self.focus.shifted(-1);
+                Reaction::Nothing
+            }
+            Action::Scroll(by) if self.focus == Focus::Events => {
+                let max = self.events.len().saturating_sub(1);
+                self.event_scroll = self
+                    .event_scroll
+                    .saturating_add_signed(by as isize)
+                    .min(max);
+                Reaction::Nothing
+            }
+            Action::Scroll(_) => Reaction::Nothing,
+            Action::ScrollTop => {
+                self.event_scroll = 0;
+                Reaction::Nothing
+            }
+            Action::CycleWindow => {
+                self.window = self.window.next();
+                Reaction::Nothing
+            }
         }
     }
 
     fn log(&mut self, level: Level, text: impl Into<String>) {
         if self.events.len() == EVENT_LOG_LEN {
             self.events.pop_back();
+        }
+        // A reader scrolled into the past keeps looking at the same entries.
+        if self.event_scroll > 0 {
+            self.event_scroll = (self.event_scroll + 1).min(EVENT_LOG_LEN - 1);
         }
         self.events.push_front(LogEntry {
             t: self.elapsed,
@@ -351,6 +442,61 @@ mod tests {
         assert!(app.events[0]
             .text
             .ends_with(&format!("n{}", EVENT_LOG_LEN + 19)));
+    }
+
+    #[test]
+    fn scrolled_event_log_stays_put_when_new_entries_arrive() {
+        let mut app = App::new("t", false);
+        for i in 0..30 {
+            app.apply(&Telemetry::Notice(Notice::new(
+                Level::Info,
+                "x",
+                format!("n{i}"),
+            )));
+        }
+        app.handle(Action::Scroll(5));
+        let seen = app.events[app.event_scroll].text.clone();
+        app.apply(&Telemetry::Notice(Notice::new(Level::Info, "x", "newer")));
+        assert_eq!(app.events[app.event_scroll].text, seen);
+        app.handle(Action::Scroll(1000));
+        assert_eq!(
+            app.event_scroll,
+            app.events.len() - 1,
+            "clamped to the oldest"
+        );
+        app.handle(Action::ScrollTop);
+        assert_eq!(app.event_scroll, 0);
+    }
+
+    #[test]
+    fn scrolling_needs_the_event_log_focused() {
+        let mut app = App::new("t", false);
+        for i in 0..5 {
+            app.apply(&Telemetry::Notice(Notice::new(
+                Level::Info,
+                "x",
+                format!("n{i}"),
+            )));
+        }
+        app.handle(Action::FocusNext);
+        assert_eq!(app.focus, Focus::MemoryChart);
+        app.handle(Action::Scroll(2));
+        assert_eq!(app.event_scroll, 0);
+        app.handle(Action::FocusPrev);
+        app.handle(Action::Scroll(2));
+        assert_eq!(app.event_scroll, 2);
+    }
+
+    #[test]
+    fn window_cycles_through_every_choice() {
+        let mut app = App::new("t", false);
+        let mut seen = vec![app.window];
+        for _ in 0..4 {
+            app.handle(Action::CycleWindow);
+            seen.push(app.window);
+        }
+        assert_eq!(seen.first(), seen.last());
+        assert!(seen.contains(&Window::WholeRun) && seen.contains(&Window::OneMinute));
     }
 
     #[test]

@@ -8,7 +8,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Axis, Block, Chart, Clear, Dataset, Gauge, GraphType, Paragraph, Wrap};
 use ratatui::Frame;
 
-use crate::app::App;
+use crate::app::{App, Focus};
 use crate::keys::BINDINGS;
 
 pub const MIN_WIDTH: u16 = 80;
@@ -43,6 +43,17 @@ pub fn render(frame: &mut Frame, app: &App) {
     if app.show_help {
         render_help(frame, app, area);
     }
+}
+
+/// A panel's frame; the focused one stands out (bold and thick when colour is off).
+fn panel<'a>(app: &App, focus: Focus, title: String) -> Block<'a> {
+    let block = Block::bordered().title(title);
+    if app.focus != focus {
+        return block;
+    }
+    block
+        .border_type(ratatui::widgets::BorderType::Thick)
+        .border_style(fg(app, Color::Cyan).add_modifier(Modifier::BOLD))
 }
 
 /// A style that is plain when colour is off (NO_COLOR).
@@ -239,14 +250,22 @@ fn empty_chart(frame: &mut Frame, block: Block, area: Rect, text: &str) {
 }
 
 fn render_memory_chart(frame: &mut Frame, app: &App, area: Rect) {
-    let block = Block::bordered().title(" memory history ");
-    let points = app.memory.points();
+    let block = panel(
+        app,
+        Focus::MemoryChart,
+        format!(" memory history ({}, w) ", app.window.label()),
+    );
+    let mut points = app.memory.points();
+    if let Some(span) = app.window.seconds() {
+        let from = app.elapsed - span;
+        points.retain(|p| p.0 >= from);
+    }
     let (Some((x, _)), Some(mem)) = (bounds(&points), app.memory_now()) else {
         return empty_chart(frame, block, area, "no samples yet");
     };
     // Scaled to what was used (with room above), not to capacity: 500 MiB of a 24 GiB
     // host would otherwise be a flat line on the floor. The gauge shows capacity.
-    let seen = app.memory.y_range().map_or(1.0, |(_, hi)| hi);
+    let seen = points.iter().fold(1.0_f64, |hi, p| hi.max(p.1));
     let top = (seen * 1.25).min(mem.capacity as f64).max(1.0);
     let data = Dataset::default()
         .marker(Marker::Braille)
@@ -269,7 +288,7 @@ fn render_memory_chart(frame: &mut Frame, app: &App, area: Rect) {
 }
 
 fn render_loss_chart(frame: &mut Frame, app: &App, area: Rect) {
-    let block = Block::bordered().title(" loss (train, val) ");
+    let block = panel(app, Focus::LossChart, " loss (train, val) ".into());
     let train = app.loss.points();
     let val = app.val_loss.points();
     let all: Vec<(f64, f64)> = train.iter().chain(val.iter()).copied().collect();
@@ -308,11 +327,16 @@ fn render_loss_chart(frame: &mut Frame, app: &App, area: Rect) {
 }
 
 fn render_events(frame: &mut Frame, app: &App, area: Rect) {
-    let block = Block::bordered().title(" events (newest first) ");
+    let title = match app.event_scroll {
+        0 => " events (newest first) ".to_string(),
+        n => format!(" events ({n} newer above, Home: newest) "),
+    };
+    let block = panel(app, Focus::Events, title);
     let rows = area.height.saturating_sub(2) as usize;
     let lines: Vec<Line> = app
         .events
         .iter()
+        .skip(app.event_scroll)
         .take(rows)
         .map(|e| {
             let color = match e.level {
@@ -334,12 +358,11 @@ fn render_events(frame: &mut Frame, app: &App, area: Rect) {
 
 fn render_footer(frame: &mut Frame, app: &App, area: Rect) {
     let mut spans = Vec::new();
-    for (key, what) in BINDINGS.iter().take(4) {
+    for (key, short, _) in BINDINGS.iter().take(7) {
         spans.push(Span::styled(
             format!(" {key} "),
             fg(app, Color::Black).bg_if(app.color, Color::Gray),
         ));
-        let short = what.split([':', '(']).next().unwrap_or(what).trim();
         spans.push(Span::raw(format!(" {short}  ")));
     }
     if app.dropped > 0 {
@@ -362,7 +385,7 @@ fn render_help(frame: &mut Frame, app: &App, area: Rect) {
     );
     let mut lines: Vec<Line> = BINDINGS
         .iter()
-        .map(|(k, what)| {
+        .map(|(k, _, what)| {
             Line::from(vec![
                 Span::styled(format!("{k:>5}  "), fg(app, Color::Cyan)),
                 Span::raw(*what),
