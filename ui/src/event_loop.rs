@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, never, select, tick, Receiver, Sender};
 use crossterm::event::{self, Event, KeyEventKind};
 use headroom_core::{Command, RunSummary, Telemetry};
-use ratatui::backend::CrosstermBackend;
+use ratatui::backend::{Backend, CrosstermBackend};
 use ratatui::Terminal;
 
 use crate::app::{App, Reaction};
@@ -58,7 +58,7 @@ pub fn run_dashboard(
     let mut terminal = Terminal::new(CrosstermBackend::new(io::stdout()))?;
 
     let (input, stop_input) = spawn_input_reader();
-    let result = event_loop(
+    let result = drive(
         &mut terminal,
         &events,
         metrics,
@@ -72,9 +72,11 @@ pub fn run_dashboard(
     result
 }
 
-#[allow(clippy::too_many_arguments)]
-fn event_loop(
-    terminal: &mut Terminal<CrosstermBackend<io::Stdout>>,
+/// The loop itself, over any backend and any source of terminal events: the live
+/// dashboard passes crossterm's; benchmarks and tests pass a recording backend and
+/// scripted keys.
+pub fn drive<B: Backend>(
+    terminal: &mut Terminal<B>,
     events: &Receiver<Telemetry>,
     mut metrics: Receiver<Telemetry>,
     commands: &Sender<Command>,
@@ -134,7 +136,9 @@ fn event_loop(
             },
         }
         if draw_now {
-            terminal.draw(|f| render(f, &app))?;
+            terminal
+                .draw(|f| render(f, &app))
+                .map_err(|e| io::Error::other(e.to_string()))?;
             dirty = false;
         }
     }

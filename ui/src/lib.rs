@@ -8,5 +8,5 @@ pub mod terminal;
 pub mod view;
 
 pub use app::App;
-pub use event_loop::{run_dashboard, DashboardExit, DashboardOptions};
+pub use event_loop::{drive, run_dashboard, DashboardExit, DashboardOptions};
 pub use terminal::{install_panic_hook, TerminalGuard};
