@@ -7,8 +7,8 @@
 use std::time::{Duration, Instant};
 
 use headroom_core::{
-    AllocatorStats, EvalMetrics, GpuStats, HostStats, Level, Notice, StepMetrics,
-    SystemSample, Telemetry,
+    AllocatorStats, EvalMetrics, GpuStats, HostStats, Level, Notice, StepMetrics, SystemSample,
+    Telemetry,
 };
 use headroom_ui::app::App;
 use headroom_ui::view::render;
@@ -61,7 +61,11 @@ fn full_app() -> App {
                 train_loss: 2.0,
                 tokens: 1 << 20,
             }));
-            app.apply(&Telemetry::Notice(Notice::new(Level::Info, "bench", "event")));
+            app.apply(&Telemetry::Notice(Notice::new(
+                Level::Info,
+                "bench",
+                "event",
+            )));
         }
     }
     app
@@ -102,7 +106,10 @@ fn main() {
         app.memory.points().len(),
         app.events.len()
     );
-    let empty = report("empty app (baseline)", &time_frames(&App::new("e", true), frames));
+    let empty = report(
+        "empty app (baseline)",
+        &time_frames(&App::new("e", true), frames),
+    );
     let full = report("full histories, 200x60", &time_frames(&app, frames));
     println!(
         "full / empty: {:.2}x; full frame uses {:.2}% of the 50 ms frame interval",

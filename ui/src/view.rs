@@ -20,9 +20,13 @@ pub fn render(frame: &mut Frame, app: &App) {
         too_small(frame, area);
         return;
     }
-    let [header, top, charts, events, footer] = Layout::vertical([
+    // Tall terminals get dedicated allocator and host panels; at 80x24 their essentials
+    // live in the memory panel.
+    let detail_rows = if area.height >= 40 { 10 } else { 0 };
+    let [header, top, details, charts, events, footer] = Layout::vertical([
         Constraint::Length(4),
         Constraint::Length(6),
+        Constraint::Length(detail_rows),
         Constraint::Min(8),
         Constraint::Length(7),
         Constraint::Length(1),
@@ -32,6 +36,13 @@ pub fn render(frame: &mut Frame, app: &App) {
         Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)]).areas(top);
     let [mem_chart, loss_chart] =
         Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(charts);
+    if detail_rows > 0 {
+        let [alloc, host] =
+            Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)])
+                .areas(details);
+        render_allocator(frame, app, alloc);
+        render_host(frame, app, host);
+    }
 
     render_header(frame, app, header);
     render_memory(frame, app, memory);
@@ -198,6 +209,97 @@ fn render_memory(frame: &mut Frame, app: &App, area: Rect) {
         }
     }
     frame.render_widget(Paragraph::new(lines), text_area);
+}
+
+fn render_allocator(frame: &mut Frame, app: &App, area: Rect) {
+    let block = Block::bordered().title(" CUDA caching allocator ");
+    let sample = app.sample.as_ref();
+    let Some(a) = sample.and_then(|s| s.allocator.as_ref()) else {
+        let lines = vec![
+            Line::from("No allocator figures: this run is on the CPU."),
+            Line::styled(
+                "libtorch's CPU allocator keeps no cache, so the process's resident set",
+                fg(app, Color::DarkGray),
+            ),
+            Line::styled(
+                "(host panel) is what the memory gauge and the policy watch.",
+                fg(app, Color::DarkGray),
+            ),
+        ];
+        frame.render_widget(Paragraph::new(lines).block(block), area);
+        return;
+    };
+    let row = |name: &str, now: u64, peak: u64| {
+        Line::from(format!(
+            "{name:<15}{:>11}   peak {:>11}",
+            fmt_bytes(now),
+            fmt_bytes(peak)
+        ))
+    };
+    let mut lines = vec![
+        row("allocated", a.allocated, a.allocated_peak),
+        row("reserved", a.reserved, a.reserved_peak),
+        row("active", a.active, a.active_peak),
+        row("inactive split", a.inactive_split, a.inactive_split_peak),
+        Line::from(format!(
+            "fragmentation {:.1}% (inactive split / reserved)",
+            a.fragmentation() * 100.0
+        )),
+        Line::from(format!(
+            "unused reserved {:.1}% (1 - allocated / reserved)",
+            a.unused_reserved() * 100.0
+        )),
+    ];
+    if let Some(g) = sample.and_then(|s| s.gpu.as_ref()) {
+        lines.push(Line::from(format!(
+            "outside allocator {} (NVML used - reserved)",
+            fmt_bytes(g.mem_used.saturating_sub(a.reserved))
+        )));
+    }
+    let oom_style = if a.num_ooms > 0 {
+        fg(app, Color::Red)
+    } else {
+        Style::default()
+    };
+    lines.push(Line::styled(
+        format!(
+            "alloc retries {} · OOMs {} · segments {}",
+            a.num_alloc_retries, a.num_ooms, a.segments
+        ),
+        oom_style,
+    ));
+    frame.render_widget(Paragraph::new(lines).block(block), area);
+}
+
+fn render_host(frame: &mut Frame, app: &App, area: Rect) {
+    let block = Block::bordered().title(" host ");
+    let Some(s) = app.sample.as_ref() else {
+        frame.render_widget(Paragraph::new("no sample yet").block(block), area);
+        return;
+    };
+    let h = &s.host;
+    let mut lines = vec![
+        Line::from(format!("cpu {:.0}%", h.cpu_percent)),
+        Line::from(format!(
+            "memory {} / {} ({:.1}%)",
+            fmt_bytes(h.mem_used),
+            fmt_bytes(h.mem_total),
+            100.0 * h.mem_used as f64 / h.mem_total.max(1) as f64
+        )),
+        Line::from(format!("process RSS {}", fmt_bytes(h.process_rss))),
+    ];
+    if let Some(g) = &s.gpu {
+        let opt = |v: Option<String>| v.unwrap_or_else(|| "--".into());
+        lines.push(Line::from(""));
+        lines.push(Line::from(format!("GPU {} · {}", g.index, g.name)));
+        lines.push(Line::from(format!(
+            "util {} · {} · {}",
+            opt(g.util_percent.map(|u| format!("{u}%"))),
+            opt(g.temperature_c.map(|t| format!("{t}°C"))),
+            opt(g.power_w.map(|p| format!("{p:.0} W")))
+        )));
+    }
+    frame.render_widget(Paragraph::new(lines).block(block), area);
 }
 
 fn render_batch(frame: &mut Frame, app: &App, area: Rect) {

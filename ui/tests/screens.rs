@@ -181,3 +181,14 @@ fn empty_state_renders_before_any_telemetry() {
     assert!(text.contains("waiting for the first sample"), "{text}");
     assert!(text.contains("starting"), "{text}");
 }
+
+#[test]
+fn tall_cpu_screen_explains_the_missing_allocator() {
+    let app = scripted("cpu", "AMD EPYC 7B13", cpu_sample);
+    let text = format!("{}", draw(&app, 120, 44).backend());
+    assert!(
+        text.contains("No allocator figures: this run is on the CPU"),
+        "{text}"
+    );
+    assert!(text.contains("process RSS 500 MiB"), "{text}");
+}
