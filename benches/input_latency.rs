@@ -159,10 +159,7 @@ fn main() {
     });
     let summary = trainer.join().expect("trainer ends cleanly");
     let step_s = summary.elapsed_s / summary.steps_done.max(1) as f64;
-    let busy_median = report(
-        &format!("trainer busy ({:.1} s per step)", step_s),
-        busy,
-    );
+    let busy_median = report(&format!("trainer busy ({:.1} s per step)", step_s), busy);
     println!(
         "busy / baseline median: {:.2}x (frame interval 50 ms)",
         busy_median.as_secs_f64() / base.as_secs_f64()

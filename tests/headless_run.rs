@@ -72,12 +72,26 @@ fn resume_continues_exactly_where_an_uninterrupted_run_would_be() {
     let dir = tempfile::tempdir().unwrap();
     let full = train_tiny(
         dir.path(),
-        &["--steps", "12", "--checkpoint-dir", "full", "--log", "full.jsonl"],
+        &[
+            "--steps",
+            "12",
+            "--checkpoint-dir",
+            "full",
+            "--log",
+            "full.jsonl",
+        ],
     );
     assert!(full.status.success(), "{}", stderr(&full));
     let half = train_tiny(
         dir.path(),
-        &["--steps", "6", "--checkpoint-dir", "half", "--log", "half.jsonl"],
+        &[
+            "--steps",
+            "6",
+            "--checkpoint-dir",
+            "half",
+            "--log",
+            "half.jsonl",
+        ],
     );
     assert!(half.status.success(), "{}", stderr(&half));
     let resumed = common::bin()
@@ -96,6 +110,14 @@ fn resume_continues_exactly_where_an_uninterrupted_run_would_be() {
     };
     let full = losses("full.jsonl");
     let resumed = losses("resumed.jsonl");
-    assert_eq!(resumed.first().map(|r| r.0), Some(7), "resumed after step 6");
-    assert_eq!(&full[6..], &resumed[..], "steps 7..12 identical (CPU, same seed)");
+    assert_eq!(
+        resumed.first().map(|r| r.0),
+        Some(7),
+        "resumed after step 6"
+    );
+    assert_eq!(
+        &full[6..],
+        &resumed[..],
+        "steps 7..12 identical (CPU, same seed)"
+    );
 }
