@@ -82,9 +82,9 @@ impl Bus {
                 t: self.started.elapsed().as_secs_f64(),
                 msg: msg.clone(),
             };
-            // Steps go to the log losslessly (the log is the run's record); samples are
-            // high-rate sensor readings and may be dropped like on screen.
-            let lossless = !matches!(line.msg, Telemetry::Sample(_));
+            // Steps go to the log losslessly (the log is the run's record); samples and
+            // segment maps are sensor readings and may be dropped like on screen.
+            let lossless = !matches!(line.msg, Telemetry::Sample(_) | Telemetry::Segments(_));
             self.offer(log, line, lossless);
         }
         if msg.is_high_rate() {

@@ -5,10 +5,12 @@
 pub mod bus;
 pub mod command;
 pub mod config;
+pub mod segments;
 pub mod telemetry;
 pub mod units;
 
 pub use bus::{Bus, BusReceivers, LogLine};
 pub use command::Command;
 pub use config::{ConfigError, DeviceChoice, RunConfig};
+pub use segments::{BlockRun, Segment, SegmentMap};
 pub use telemetry::*;

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::command::Command;
 use crate::config::RunConfig;
+use crate::segments::SegmentMap;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -21,6 +22,8 @@ pub enum Telemetry {
     Eval(EvalMetrics),
     /// Host, device and allocator figures from the sampler thread, at a fixed rate.
     Sample(SystemSample),
+    /// The CUDA allocator's segments and blocks, at a modest rate (CUDA runs only).
+    Segments(SegmentMap),
     /// The run's state changed (also the answer to pause / resume / stop).
     Status {
         status: RunStatus,
@@ -48,7 +51,10 @@ impl Telemetry {
     /// High-rate figures that may be dropped (and counted) when a consumer lags. Everything
     /// else is a lifecycle event or a decision and is never dropped.
     pub fn is_high_rate(&self) -> bool {
-        matches!(self, Telemetry::Step(_) | Telemetry::Sample(_))
+        matches!(
+            self,
+            Telemetry::Step(_) | Telemetry::Sample(_) | Telemetry::Segments(_)
+        )
     }
 
     /// The `kind` tag this message carries in the log.
@@ -58,6 +64,7 @@ impl Telemetry {
             Telemetry::Step(_) => "step",
             Telemetry::Eval(_) => "eval",
             Telemetry::Sample(_) => "sample",
+            Telemetry::Segments(_) => "segments",
             Telemetry::Status { .. } => "status",
             Telemetry::Notice(_) => "notice",
             Telemetry::CheckpointSaved { .. } => "checkpoint_saved",
@@ -299,6 +306,7 @@ mod schema_doc {
             "step",
             "eval",
             "sample",
+            "segments",
             "status",
             "notice",
             "checkpoint_saved",
