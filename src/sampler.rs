@@ -1,13 +1,16 @@
 //! The sampler thread: host, NVML and allocator figures at a fixed rate, off the
 //! trainer's hot path. Every source that is missing becomes one notice, then silence.
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Sender};
 use headroom_core::{Bus, GpuStats, HostStats, Level, Notice, SystemSample, Telemetry};
 use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::Nvml;
 use sysinfo::{Pid, ProcessRefreshKind, ProcessesToUpdate, System};
+
+/// A snapshot walks every block under the allocator's lock: modest rate, not every tick.
+const SNAPSHOT_EVERY: Duration = Duration::from_secs(2);
 
 /// Which accelerator the run uses; `None` for a CPU run (then GPU figures would describe
 /// a device the run does not touch, so none are read).
@@ -28,6 +31,9 @@ impl Sampler {
                 let mut sources = Sources::open(&bus, cuda);
                 loop {
                     bus.send(Telemetry::Sample(sources.read(&bus)));
+                    if let Some(map) = sources.segments(&bus) {
+                        bus.send(Telemetry::Segments(map));
+                    }
                     // recv_timeout doubles as an interruptible sleep: stop is prompt.
                     match stopped.recv_timeout(period) {
                         Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
@@ -59,6 +65,8 @@ struct Sources {
     cuda: CudaIndex,
     gpu_failed: bool,
     allocator_failed: bool,
+    last_snapshot: Option<Instant>,
+    snapshot_failed: bool,
 }
 
 impl Sources {
@@ -99,6 +107,8 @@ impl Sources {
             cuda,
             gpu_failed: false,
             allocator_failed: false,
+            last_snapshot: None,
+            snapshot_failed: false,
         }
     }
 
@@ -180,6 +190,36 @@ impl Sources {
                     Level::Warn,
                     "allocator",
                     format!("allocator statistics unavailable: {e}"),
+                );
+                None
+            }
+        }
+    }
+}
+
+impl Sources {
+    /// The segment map, when one is due (CUDA runs only).
+    fn segments(&mut self, bus: &Bus) -> Option<headroom_core::SegmentMap> {
+        let index = self.cuda?;
+        if self.snapshot_failed
+            || self
+                .last_snapshot
+                .is_some_and(|t| t.elapsed() < SNAPSHOT_EVERY)
+        {
+            return None;
+        }
+        self.last_snapshot = Some(Instant::now());
+        let result = headroom_trainer::snapshot::pickled()?
+            .and_then(|bytes| headroom_trainer::snapshot::segment_map(&bytes, index));
+        match result {
+            Ok(map) => Some(map),
+            Err(e) => {
+                self.snapshot_failed = true;
+                notice(
+                    bus,
+                    Level::Warn,
+                    "allocator",
+                    format!("segment map unavailable: {e}"),
                 );
                 None
             }

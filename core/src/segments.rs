@@ -54,7 +54,7 @@ impl SegmentMap {
         let mut omitted_segments = 0;
         let mut omitted_bytes = 0;
         if segments.len() > MAX_SEGMENTS {
-            segments.sort_by(|a, b| b.total_size.cmp(&a.total_size));
+            segments.sort_by_key(|s| std::cmp::Reverse(s.total_size));
             for s in segments.drain(MAX_SEGMENTS..) {
                 omitted_segments += 1;
                 omitted_bytes += s.total_size;

@@ -2,8 +2,11 @@
 // Every entry point catches all C++ exceptions: an exception crossing into Rust is UB.
 #include <ATen/DeviceAccelerator.h>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <dlfcn.h>
 #include <exception>
+#include <string>
 
 extern "C" {
 
@@ -101,5 +104,36 @@ int hr_memory_info(int device, int64_t* free_bytes, int64_t* total_bytes, char* 
   }
   return -1;
 }
+
+// The pickled allocator snapshot (segments, blocks, traces), as memory_viz reads it.
+// Resolved with dlsym: the symbol lives in libtorch_cuda, which CPU builds lack.
+int hr_memory_snapshot(char** out, size_t* len, char* err, size_t err_len) {
+  using snapshot_fn = std::string (*)();
+  try {
+    void* sym = dlsym(RTLD_DEFAULT, "_ZN5torch4cuda24_memory_snapshot_pickledB5cxx11Ev");
+    if (sym == nullptr) {
+      copy_err("torch::cuda::_memory_snapshot_pickled not found (libtorch without CUDA)", err,
+               err_len);
+      return -1;
+    }
+    std::string bytes = reinterpret_cast<snapshot_fn>(sym)();
+    char* buf = static_cast<char*>(std::malloc(bytes.size() > 0 ? bytes.size() : 1));
+    if (buf == nullptr) {
+      copy_err("out of host memory copying the allocator snapshot", err, err_len);
+      return -1;
+    }
+    std::memcpy(buf, bytes.data(), bytes.size());
+    *out = buf;
+    *len = bytes.size();
+    return 0;
+  } catch (const std::exception& e) {
+    copy_err(e.what(), err, err_len);
+  } catch (...) {
+    copy_err("unknown C++ exception", err, err_len);
+  }
+  return -1;
+}
+
+void hr_free(char* p) { std::free(p); }
 
 }  // extern "C"

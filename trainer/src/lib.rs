@@ -6,6 +6,8 @@ pub mod data;
 pub mod device;
 pub mod model;
 pub mod optim;
+pub mod pickle;
 pub mod runner;
 pub mod schedule;
+pub mod snapshot;
 pub mod step;
