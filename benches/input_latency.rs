@@ -150,6 +150,7 @@ fn main() {
     let opts = TrainOptions {
         checkpoint_dir: dir.path().to_path_buf(),
         resume: None,
+        inject_oom: Vec::new(),
         config,
     };
     let trainer = runner::spawn(opts, bus, cmd_rx).expect("trainer starts");

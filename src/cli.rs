@@ -56,6 +56,43 @@ pub struct TrainArgs {
     /// Continue a run from its checkpoint directory (or one step-NNNNNN directory in it)
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
+    /// Threshold preset: aggressive, balanced or conservative
+    #[arg(long, value_name = "NAME")]
+    pub profile: Option<String>,
+    /// Thresholds as fractions of usable memory: target,warning,critical,emergency
+    #[arg(long, value_name = "T,W,C,E")]
+    pub thresholds: Option<String>,
+    /// Memory the run may use on CPU (e.g. 6GiB, 512MiB); default: host memory
+    #[arg(long, value_name = "SIZE")]
+    pub memory_budget: Option<String>,
+    /// Make --memory-budget a real allocation cap (RLIMIT_DATA), so overruns fail for real
+    #[arg(long)]
+    pub hard_limit: bool,
+    /// Raise an out-of-memory error inside these steps (testing recovery); also
+    /// HEADROOM_INJECT_OOM
+    #[arg(long, value_name = "STEP[,STEP...]", value_delimiter = ',')]
+    pub inject_oom: Vec<u64>,
+}
+
+/// Steps to inject out-of-memory errors at: `--inject-oom` and `HEADROOM_INJECT_OOM`.
+pub fn inject_oom_steps(args: &TrainArgs, env: Option<&str>) -> Result<Vec<u64>> {
+    let mut steps = args.inject_oom.clone();
+    if let Some(text) = env.filter(|t| !t.trim().is_empty()) {
+        for part in text.split(',') {
+            let step = part.trim().parse::<u64>().with_context(|| {
+                format!(
+                    "HEADROOM_INJECT_OOM='{text}': '{part}' is not a step number; give e.g. 3,10"
+                )
+            })?;
+            steps.push(step);
+        }
+    }
+    if steps.contains(&0) {
+        bail!("--inject-oom: steps count from 1; 0 is not a step");
+    }
+    steps.sort_unstable();
+    steps.dedup();
+    Ok(steps)
 }
 
 impl TrainArgs {
@@ -105,6 +142,22 @@ impl TrainArgs {
         if let Some(dir) = &self.checkpoint_dir {
             cfg.run.checkpoint_dir = dir.to_string_lossy().into_owned();
         }
+        if let Some(p) = &self.profile {
+            cfg.memory.profile = p.parse().map_err(|e| anyhow::anyhow!("--profile: {e}"))?;
+            // A profile given on the command line wins over thresholds from the file.
+            if self.thresholds.is_none() {
+                cfg.memory.thresholds.clear();
+            }
+        }
+        if let Some(t) = &self.thresholds {
+            cfg.memory.thresholds = t.clone();
+        }
+        if let Some(b) = &self.memory_budget {
+            cfg.memory.memory_budget = b.clone();
+        }
+        if self.hard_limit {
+            cfg.memory.hard_limit = true;
+        }
         cfg.validate().context("invalid configuration")?;
         Ok(cfg)
     }
@@ -142,6 +195,53 @@ mod tests {
     fn zero_batch_is_an_error_naming_the_flag() {
         let err = args(&["--batch-size", "0"]).resolve(None).unwrap_err();
         assert!(format!("{err:#}").contains("--batch-size"), "{err:#}");
+    }
+
+    #[test]
+    fn memory_flags_override_and_bad_values_name_the_flag() {
+        let cfg = args(&[
+            "--profile",
+            "conservative",
+            "--memory-budget",
+            "2GiB",
+            "--hard-limit",
+        ])
+        .resolve(None)
+        .unwrap();
+        assert_eq!(
+            cfg.memory.thresholds().unwrap(),
+            headroom_core::policy::Profile::Conservative.thresholds()
+        );
+        assert_eq!(cfg.memory.budget_bytes().unwrap(), Some(2 << 30));
+        assert!(cfg.memory.hard_limit);
+        let cfg = args(&["--thresholds", "0.5,0.6,0.7,0.8"])
+            .resolve(None)
+            .unwrap();
+        assert_eq!(cfg.memory.thresholds().unwrap().target, 0.5);
+        for (flags, needle) in [
+            (&["--thresholds", "0.9,0.8,0.95,0.97"][..], "--thresholds"),
+            (&["--thresholds", "0.9,0.92"][..], "four"),
+            (&["--profile", "greedy"][..], "--profile"),
+            (&["--memory-budget", "lots"][..], "--memory-budget"),
+            (&["--hard-limit"][..], "--memory-budget"),
+        ] {
+            let err = format!("{:#}", args(flags).resolve(None).unwrap_err());
+            assert!(err.contains(needle), "{flags:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn injected_oom_steps_come_from_the_flag_and_the_environment() {
+        let a = args(&["--inject-oom", "5,2"]);
+        assert_eq!(inject_oom_steps(&a, Some("9, 2")).unwrap(), vec![2, 5, 9]);
+        assert_eq!(inject_oom_steps(&a, None).unwrap(), vec![2, 5]);
+        let err = inject_oom_steps(&a, Some("3,x")).unwrap_err().to_string();
+        assert!(
+            err.contains("HEADROOM_INJECT_OOM") && err.contains("'x'"),
+            "{err}"
+        );
+        let err = inject_oom_steps(&args(&["--inject-oom", "0"]), None).unwrap_err();
+        assert!(err.to_string().contains("from 1"), "{err}");
     }
 
     #[test]

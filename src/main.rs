@@ -52,10 +52,13 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
     let (cmd_tx, cmd_rx) = bounded::<Command>(64);
     let headless = args.headless || !std::io::stdout().is_terminal();
 
+    let inject_oom =
+        cli::inject_oom_steps(&args, std::env::var("HEADROOM_INJECT_OOM").ok().as_deref())?;
     let opts = TrainOptions {
         checkpoint_dir: config.checkpoint_dir(),
         resume: args.resume.clone(),
         config: config.clone(),
+        inject_oom,
     };
     let trainer = runner::spawn(opts, bus.clone(), cmd_rx).map_err(|e| anyhow::anyhow!("{e}"))?;
     let sampler = sampler::Sampler::start(bus.clone(), trainer.cuda_index(), config.run.sample_hz);

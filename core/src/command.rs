@@ -2,6 +2,8 @@
 //! message carrying the value the trainer applied, so the screen shows confirmed state.
 use serde::{Deserialize, Serialize};
 
+use crate::policy::{Profile, Thresholds};
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "command", rename_all = "snake_case")]
 pub enum Command {
@@ -14,4 +16,16 @@ pub enum Command {
     Resume,
     /// Write a checkpoint at the next step boundary. Answered by `CheckpointSaved`.
     Checkpoint,
+    /// Replace the thresholds. Answered by `ThresholdsChanged` when valid, and by
+    /// `CommandApplied` naming the problem (the old values stay in force) when not.
+    SetThresholds { thresholds: Thresholds },
+    /// Switch to a profile's thresholds. Answered by `ThresholdsChanged`.
+    SetProfile { profile: Profile },
+    /// Hold the micro-batch at this size (clamped to the allowed range); the controller
+    /// then only warns. Answered by `CommandApplied` (and a `decision` when it resizes).
+    PinMicroBatch { micro_batch: usize },
+    /// Let the controller resize again. Answered by `CommandApplied`.
+    Unpin,
+    /// Return cached allocator memory to the device now. Answered by `CommandApplied`.
+    FreeCache,
 }

@@ -8,6 +8,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::policy::{Profile, Thresholds};
+use crate::units::parse_bytes;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct RunConfig {
@@ -16,6 +19,7 @@ pub struct RunConfig {
     pub model: ModelSection,
     pub optim: OptimSection,
     pub batch: BatchSection,
+    pub memory: MemorySection,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -65,8 +69,17 @@ pub struct DataSection {
     pub corpus: String,
     /// Share of the corpus (its tail) held out for validation.
     pub val_fraction: f64,
-    /// Bytes per training sequence (the model's context length).
+    /// Bytes per training sequence (the model's context length): the longest a step
+    /// feeds when lengths vary.
     pub seq_len: usize,
+    /// How long each step's sequences are: `fixed` (always `seq_len`), `ramp` (a
+    /// curriculum from `min_seq_len` up to `seq_len` over `ramp_steps`) or `random`
+    /// (each step draws a length in `min_seq_len..=seq_len`).
+    pub lengths: Lengths,
+    /// Shortest length for `ramp` and `random`; 0 means a quarter of `seq_len`.
+    pub min_seq_len: usize,
+    /// Steps the `ramp` takes to reach `seq_len`.
+    pub ramp_steps: u64,
 }
 
 impl Default for DataSection {
@@ -75,6 +88,48 @@ impl Default for DataSection {
             corpus: String::new(),
             val_fraction: 0.1,
             seq_len: 64,
+            lengths: Lengths::Fixed,
+            min_seq_len: 0,
+            ramp_steps: 200,
+        }
+    }
+}
+
+/// The sequence-length schedule (see [`DataSection::lengths`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Lengths {
+    #[default]
+    Fixed,
+    Ramp,
+    Random,
+}
+
+impl DataSection {
+    /// The shortest length a step may feed.
+    pub fn min_len(&self) -> usize {
+        match self.lengths {
+            Lengths::Fixed => self.seq_len,
+            _ if self.min_seq_len == 0 => (self.seq_len / 4).max(1),
+            _ => self.min_seq_len,
+        }
+    }
+
+    /// Sequence length of step `step` (1-based): a pure function of the config, the seed
+    /// and the step, so a resumed or retried step sees the same length.
+    pub fn seq_len_at(&self, seed: u64, step: u64) -> usize {
+        let (lo, hi) = (self.min_len(), self.seq_len);
+        match self.lengths {
+            Lengths::Fixed => hi,
+            Lengths::Ramp => {
+                let done = step.saturating_sub(1).min(self.ramp_steps.max(1)) as f64
+                    / self.ramp_steps.max(1) as f64;
+                lo + ((hi - lo) as f64 * done).round() as usize
+            }
+            Lengths::Random => {
+                let h = crate::units::splitmix64(crate::units::splitmix64(seed ^ 0x5eed) ^ step);
+                lo + (h % (hi - lo + 1) as u64) as usize
+            }
         }
     }
 }
@@ -162,6 +217,63 @@ impl BatchSection {
     /// Micro-batches per optimizer step; the last one may be smaller.
     pub fn accum_steps(&self) -> usize {
         self.effective().div_ceil(self.micro_batch.max(1))
+    }
+}
+
+/// How headroom manages memory: thresholds, the budget, adaptation of the micro-batch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MemorySection {
+    /// Threshold preset (`--profile`): aggressive, balanced or conservative.
+    pub profile: Profile,
+    /// `target,warning,critical,emergency` overriding the profile (`--thresholds`); empty
+    /// means the profile's.
+    pub thresholds: String,
+    /// CPU runs: the memory the run may use (`--memory-budget`, e.g. `6GiB`); empty means
+    /// the host's total memory. CUDA runs use the device's memory.
+    pub memory_budget: String,
+    /// Make the budget a real allocation cap (RLIMIT_DATA; CPU runs, `--hard-limit`).
+    pub hard_limit: bool,
+    /// Let the controller resize the micro-batch (OOM recovery works either way).
+    pub adaptive: bool,
+    pub min_micro_batch: usize,
+    /// 0 means the effective batch (the micro-batch never exceeds it).
+    pub max_micro_batch: usize,
+}
+
+impl Default for MemorySection {
+    fn default() -> Self {
+        MemorySection {
+            profile: Profile::Balanced,
+            thresholds: String::new(),
+            memory_budget: String::new(),
+            hard_limit: false,
+            adaptive: true,
+            min_micro_batch: 1,
+            max_micro_batch: 0,
+        }
+    }
+}
+
+impl MemorySection {
+    /// The thresholds in force at the start: the override, else the profile's.
+    pub fn thresholds(&self) -> Result<Thresholds, ConfigError> {
+        if self.thresholds.trim().is_empty() {
+            Ok(self.profile.thresholds())
+        } else {
+            Thresholds::parse(&self.thresholds)
+                .map_err(|e| invalid("memory.thresholds (--thresholds)", e.0))
+        }
+    }
+
+    /// The budget in bytes, when one was given.
+    pub fn budget_bytes(&self) -> Result<Option<u64>, ConfigError> {
+        if self.memory_budget.trim().is_empty() {
+            return Ok(None);
+        }
+        parse_bytes(&self.memory_budget)
+            .map(Some)
+            .map_err(|e| invalid("memory.memory_budget (--memory-budget)", e))
     }
 }
 
@@ -313,6 +425,15 @@ impl RunConfig {
                 format!("{} is out of range; use 2 to 65536 bytes", d.seq_len),
             ));
         }
+        if d.lengths != Lengths::Fixed && d.min_seq_len > d.seq_len {
+            return Err(invalid(
+                "data.min_seq_len",
+                format!(
+                    "{} is above data.seq_len = {}; the shortest length must not exceed the longest",
+                    d.min_seq_len, d.seq_len
+                ),
+            ));
+        }
         let m = &self.model;
         if m.n_layer == 0 || m.n_head == 0 || m.n_embd == 0 {
             return Err(invalid(
@@ -364,6 +485,27 @@ impl RunConfig {
                     format!("{v} is absurdly large; use at most {MAX_BATCH}"),
                 ));
             }
+        }
+        let mem = &self.memory;
+        mem.thresholds()?;
+        mem.budget_bytes()?;
+        if mem.hard_limit && mem.memory_budget.trim().is_empty() {
+            return Err(invalid(
+                "memory.hard_limit (--hard-limit)",
+                "needs a budget to enforce; give --memory-budget SIZE (e.g. 2GiB)",
+            ));
+        }
+        if mem.min_micro_batch == 0 {
+            return Err(invalid("memory.min_micro_batch", "must be at least 1"));
+        }
+        if mem.max_micro_batch != 0 && mem.max_micro_batch < mem.min_micro_batch {
+            return Err(invalid(
+                "memory.max_micro_batch",
+                format!(
+                    "{} is below memory.min_micro_batch = {}; raise it or use 0 (the effective batch)",
+                    mem.max_micro_batch, mem.min_micro_batch
+                ),
+            ));
         }
         if b.effective() < b.micro_batch {
             return Err(invalid(
@@ -450,6 +592,79 @@ mod tests {
         let mut c = RunConfig::default();
         c.run.device = "tpu".into();
         assert!(c.validate().unwrap_err().to_string().contains("cuda:N"));
+    }
+
+    #[test]
+    fn memory_section_parses_and_rejects_bad_thresholds() {
+        let c = parse(
+            "[memory]\nprofile = \"conservative\"\nmemory_budget = \"2GiB\"\nhard_limit = true\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(
+            c.memory.thresholds().unwrap(),
+            Profile::Conservative.thresholds()
+        );
+        assert_eq!(c.memory.budget_bytes().unwrap(), Some(2 << 30));
+        let c = parse("[memory]\nthresholds = \"0.8,0.85,0.9,0.95\"\n").unwrap();
+        assert_eq!(c.memory.thresholds().unwrap().target, 0.8);
+        // Out of order: the key and the reason are named.
+        let c = parse("[memory]\nthresholds = \"0.9,0.85,0.95,0.97\"\n").unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("memory.thresholds") && err.contains("strictly"),
+            "{err}"
+        );
+        let err = parse("[memory]\nprofile = \"greedy\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("greedy"), "{err}");
+        let mut c = RunConfig::default();
+        c.memory.memory_budget = "lots".into();
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("--memory-budget"));
+        let mut c = RunConfig::default();
+        c.memory.hard_limit = true;
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("--memory-budget"));
+    }
+
+    #[test]
+    fn sequence_lengths_follow_the_schedule() {
+        let mut d = DataSection {
+            seq_len: 128,
+            ..Default::default()
+        };
+        assert!((1..50).all(|s| d.seq_len_at(1, s) == 128));
+        d.lengths = Lengths::Ramp;
+        d.ramp_steps = 10;
+        assert_eq!(d.seq_len_at(1, 1), 32, "starts at a quarter");
+        assert_eq!(d.seq_len_at(1, 6), 80);
+        assert_eq!(d.seq_len_at(1, 11), 128);
+        assert_eq!(d.seq_len_at(1, 500), 128);
+        d.lengths = Lengths::Random;
+        d.min_seq_len = 100;
+        let lens: Vec<usize> = (1..200).map(|s| d.seq_len_at(7, s)).collect();
+        assert!(lens.iter().all(|l| (100..=128).contains(l)));
+        assert!(
+            lens.contains(&100) && lens.contains(&128),
+            "both ends drawn"
+        );
+        assert_eq!(
+            lens,
+            (1..200).map(|s| d.seq_len_at(7, s)).collect::<Vec<_>>()
+        );
+        let mut c = RunConfig::default();
+        c.data.lengths = Lengths::Random;
+        c.data.min_seq_len = 65;
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("data.min_seq_len"), "{err}");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 pub mod bus;
 pub mod command;
 pub mod config;
+pub mod policy;
 pub mod segments;
 pub mod telemetry;
 pub mod units;

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::command::Command;
 use crate::config::RunConfig;
+use crate::policy::{Decision, Profile, Thresholds};
 use crate::segments::SegmentMap;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -13,6 +14,9 @@ use crate::segments::SegmentMap;
 // Consumers (UI, headless) ignore kinds they do not know yet, so the trainer can grow
 // new records without breaking them.
 #[non_exhaustive]
+// RunStarted (with the whole config) is the large one and is sent once per run; the cost
+// is channel slots of ~0.5 KiB, a few hundred KiB over every bounded channel together.
+#[allow(clippy::large_enum_variant)]
 pub enum Telemetry {
     /// Once, before the first step.
     RunStarted(RunInfo),
@@ -39,6 +43,33 @@ pub enum Telemetry {
         command: Command,
         applied: String,
     },
+    /// The memory controller decided something (resize, free cache, ceiling, warning),
+    /// with the numbers that caused it. Applied before step `step + 1`.
+    Decision {
+        step: u64,
+        decision: Decision,
+    },
+    /// A step ran out of memory; every tensor of the attempt was dropped and the same
+    /// samples are retried with `retry_with` (none: the run stops).
+    Oom {
+        /// The step that failed (1-based), not counted as done.
+        step: u64,
+        micro_batch: usize,
+        seq_len: usize,
+        retry_with: Option<usize>,
+        /// libtorch's message.
+        error: String,
+    },
+    /// The thresholds in force changed (at start, from a command); `source` says who.
+    ThresholdsChanged {
+        thresholds: Thresholds,
+        /// The profile, when the values are exactly a profile's.
+        profile: Option<Profile>,
+        source: String,
+    },
+    /// Every optimizer step: the memory it peaked at, what the model predicted for it,
+    /// and the limit usage is measured against.
+    StepMemory(StepMemory),
     /// The run ended normally (completed or stopped by the user).
     Finished(RunSummary),
     /// The run ended with an error or a panic in the trainer.
@@ -53,7 +84,10 @@ impl Telemetry {
     pub fn is_high_rate(&self) -> bool {
         matches!(
             self,
-            Telemetry::Step(_) | Telemetry::Sample(_) | Telemetry::Segments(_)
+            Telemetry::Step(_)
+                | Telemetry::StepMemory(_)
+                | Telemetry::Sample(_)
+                | Telemetry::Segments(_)
         )
     }
 
@@ -69,6 +103,10 @@ impl Telemetry {
             Telemetry::Notice(_) => "notice",
             Telemetry::CheckpointSaved { .. } => "checkpoint_saved",
             Telemetry::CommandApplied { .. } => "command_applied",
+            Telemetry::Decision { .. } => "decision",
+            Telemetry::Oom { .. } => "oom",
+            Telemetry::ThresholdsChanged { .. } => "thresholds_changed",
+            Telemetry::StepMemory(_) => "step_memory",
             Telemetry::Finished(_) => "finished",
             Telemetry::Failed { .. } => "failed",
         }
@@ -110,6 +148,22 @@ pub struct StepMetrics {
     pub effective_batch: usize,
     pub seq_len: usize,
     pub tokens_seen: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepMemory {
+    pub step: u64,
+    pub micro_batch: usize,
+    pub seq_len: usize,
+    /// The step's peak: peak RSS on CPU; allocator peak plus memory outside the
+    /// allocator (NVML used minus reserved) on CUDA.
+    pub peak_bytes: u64,
+    /// What the memory model predicted before the step, when it could.
+    pub predicted_bytes: Option<u64>,
+    /// The budget (CPU) or device memory (CUDA) that usage is a share of.
+    pub limit_bytes: u64,
+    /// peak / limit.
+    pub usage: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -272,6 +326,33 @@ mod tests {
     }
 
     #[test]
+    fn decisions_round_trip_through_json() {
+        use crate::policy::{Decision, ResizeReason};
+        let msg = Telemetry::Decision {
+            step: 3,
+            decision: Decision::Resize {
+                from: 4,
+                to: 32,
+                reason: ResizeReason::Grow,
+                usage: 0.1,
+                predicted: Some(0.85),
+            },
+        };
+        let json = serde_json::to_value(&msg).unwrap();
+        assert_eq!(json["kind"], "decision");
+        assert_eq!(json["decision"]["decision"], "resize");
+        assert_eq!(json["decision"]["reason"], "grow");
+        assert_eq!(serde_json::from_value::<Telemetry>(json).unwrap(), msg);
+        let cmd = Command::SetThresholds {
+            thresholds: Thresholds::default(),
+        };
+        let json = serde_json::to_value(&cmd).unwrap();
+        assert_eq!(json["command"], "set_thresholds");
+        assert_eq!(json["thresholds"]["target"], 0.9);
+        assert!(!msg.is_high_rate());
+    }
+
+    #[test]
     fn only_steps_and_samples_are_droppable() {
         assert!(Telemetry::Sample(SystemSample::default()).is_high_rate());
         assert!(!Telemetry::Failed { reason: "x".into() }.is_high_rate());
@@ -311,6 +392,10 @@ mod schema_doc {
             "notice",
             "checkpoint_saved",
             "command_applied",
+            "decision",
+            "oom",
+            "thresholds_changed",
+            "step_memory",
             "finished",
             "failed",
         ] {

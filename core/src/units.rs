@@ -61,6 +61,15 @@ pub fn fmt_duration(secs: f64) -> String {
     }
 }
 
+/// Steele, Lea & Flood's SplitMix64 finalizer: cheap, and every input bit reaches every
+/// output bit, so neighbouring inputs (steps, sample indices) land far apart.
+pub fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

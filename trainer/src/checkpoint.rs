@@ -53,10 +53,20 @@ pub struct CheckpointState {
     pub config: RunConfig,
     /// Every parameter's name and shape.
     pub model: Vec<ParamShape>,
+    /// The micro-batch the controller had settled on, so a resumed run starts there
+    /// instead of relearning it (absent in checkpoints from before the controller).
+    #[serde(default)]
+    pub micro_batch: Option<usize>,
 }
 
 impl CheckpointState {
-    pub fn new(step: u64, tokens_seen: u64, config: &RunConfig, model: &Gpt) -> Self {
+    pub fn new(
+        step: u64,
+        tokens_seen: u64,
+        config: &RunConfig,
+        model: &Gpt,
+        micro_batch: usize,
+    ) -> Self {
         CheckpointState {
             format_version: FORMAT_VERSION,
             step,
@@ -64,6 +74,7 @@ impl CheckpointState {
             tokens_seen,
             config: config.clone(),
             model: fingerprint(model),
+            micro_batch: Some(micro_batch),
         }
     }
 }

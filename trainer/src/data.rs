@@ -176,20 +176,22 @@ impl Dataset {
         (h % span) as usize
     }
 
-    /// Inputs and targets (`[len, seq_len]` int64 on `device`) for samples
-    /// `first..first + len` of step `step`'s effective batch.
+    /// Inputs and targets (`[len, seq]` int64 on `device`) for samples
+    /// `first..first + len` of step `step`'s effective batch; `seq` is at most the
+    /// dataset's `seq_len` (a shorter one is the start of the same window).
     pub fn train_batch(
         &self,
         seed: u64,
         step: u64,
         first: usize,
         len: usize,
+        seq: usize,
         device: Device,
     ) -> Result<(Tensor, Tensor), TchError> {
         let offsets: Vec<usize> = (first..first + len)
             .map(|i| self.train_offset(seed, step, i))
             .collect();
-        self.windows(self.train(), &offsets, device)
+        self.windows(self.train(), &offsets, seq, device)
     }
 
     /// Starts (in the validation split) of `count` windows spread evenly over it: a fixed
@@ -210,16 +212,23 @@ impl Dataset {
         offsets: &[usize],
         device: Device,
     ) -> Result<(Tensor, Tensor), TchError> {
-        self.windows(self.val(), offsets, device)
+        self.windows(self.val(), offsets, self.seq_len, device)
     }
 
     fn windows(
         &self,
         split: &[u8],
         offsets: &[usize],
+        seq: usize,
         device: Device,
     ) -> Result<(Tensor, Tensor), TchError> {
-        let w = self.seq_len + 1;
+        if seq == 0 || seq > self.seq_len {
+            return Err(TchError::Shape(format!(
+                "sequence length {seq} is outside 1..={}",
+                self.seq_len
+            )));
+        }
+        let w = seq + 1;
         let mut flat = Vec::with_capacity(offsets.len() * w);
         for &o in offsets {
             let window = split.get(o..o + w).ok_or_else(|| {
@@ -234,7 +243,7 @@ impl Dataset {
         let all = Tensor::f_from_slice(&flat)?
             .f_view([rows, w as i64])?
             .f_to_device(device)?;
-        let t = self.seq_len as i64;
+        let t = seq as i64;
         let x = all.f_narrow(1, 0, t)?;
         let y = all.f_narrow(1, 1, t)?;
         Ok((x, y))
@@ -271,14 +280,7 @@ fn read_text(path: &Path) -> Result<Vec<u8>, DataError> {
     Ok(bytes)
 }
 
-/// Steele, Lea & Flood's SplitMix64 finalizer: cheap, and every input bit reaches every
-/// output bit, so neighbouring (step, index) pairs land far apart.
-pub fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+pub use headroom_core::units::splitmix64;
 
 #[cfg(test)]
 mod tests {
@@ -307,15 +309,19 @@ mod tests {
         assert!(a.iter().all(|&o| o + 65 <= d.train_bytes()));
 
         // A micro-batch is a slice of the step's batch, whatever its size.
-        let (x, _) = d.train_batch(7, 3, 0, 8, Device::Cpu).unwrap();
-        let (x2, _) = d.train_batch(7, 3, 5, 3, Device::Cpu).unwrap();
+        let (x, _) = d.train_batch(7, 3, 0, 8, 64, Device::Cpu).unwrap();
+        let (x2, _) = d.train_batch(7, 3, 5, 3, 64, Device::Cpu).unwrap();
         assert!(x.narrow(0, 5, 3).equal(&x2));
+        // A shorter sequence is the start of the same window.
+        let (short, _) = d.train_batch(7, 3, 0, 8, 20, Device::Cpu).unwrap();
+        assert!(x.narrow(1, 0, 20).equal(&short));
+        assert!(d.train_batch(7, 3, 0, 8, 65, Device::Cpu).is_err());
     }
 
     #[test]
     fn targets_are_inputs_shifted_by_one() {
         let d = Dataset::from_bytes(text(1000), "t".into(), 0.1, 16).unwrap();
-        let (x, y) = d.train_batch(1, 1, 0, 4, Device::Cpu).unwrap();
+        let (x, y) = d.train_batch(1, 1, 0, 4, 16, Device::Cpu).unwrap();
         assert_eq!(x.size(), [4, 16]);
         assert!(x.narrow(1, 1, 15).equal(&y.narrow(1, 0, 15)));
     }

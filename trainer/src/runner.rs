@@ -12,10 +12,16 @@ use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use std::collections::BTreeSet;
+
 use crossbeam_channel::{bounded, Receiver, TryRecvError};
+use headroom_core::policy::{
+    Controller, ControllerConfig, Decision, Profile, StepObservation, Thresholds,
+};
+use headroom_core::units::fmt_bytes;
 use headroom_core::{
     Bus, Command, EvalMetrics, Level, Notice, RunConfig, RunInfo, RunStatus, RunSummary,
-    StepMetrics, Telemetry,
+    StepMemory, StepMetrics, Telemetry,
 };
 use tch::{Device, TchError};
 
@@ -23,7 +29,9 @@ use crate::checkpoint::{self, CheckpointError, CheckpointState};
 use crate::data::{DataError, Dataset};
 use crate::device::{self, DeviceError};
 use crate::model::Gpt;
+use crate::oom;
 use crate::optim::{AdamW, AdamWConfig};
+use crate::peak::PeakMeter;
 use crate::schedule::Schedule;
 use crate::step::{self, StepPlan};
 
@@ -33,6 +41,9 @@ pub struct TrainOptions {
     pub checkpoint_dir: PathBuf,
     /// A checkpoint root or step directory to continue from.
     pub resume: Option<PathBuf>,
+    /// Steps (1-based) whose first attempt raises a real out-of-memory error inside the
+    /// step (`--inject-oom`, `HEADROOM_INJECT_OOM`).
+    pub inject_oom: Vec<u64>,
 }
 
 /// Why a run could not start.
@@ -170,6 +181,10 @@ pub fn spawn(
     }
 }
 
+fn first_line(text: &str) -> String {
+    text.lines().next().unwrap_or_default().to_string()
+}
+
 fn panic_text(p: &Box<dyn Any + Send>) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
         (*s).to_string()
@@ -196,9 +211,17 @@ struct Trainer {
     checkpoint_dir: PathBuf,
     /// The fixed validation windows (see [`Dataset::val_offsets`]).
     val_offsets: Vec<usize>,
-    /// Sequences per forward/backward right now. Runner state, not config: a memory
-    /// controller may change it between steps without changing what a step trains on.
-    micro_batch: usize,
+    /// Decides the micro-batch (sequences per forward/backward) between steps; what a
+    /// step trains on does not depend on it.
+    controller: Controller,
+    meter: PeakMeter,
+    /// Steps whose first attempt is made to run out of memory; each fires once.
+    inject_oom: BTreeSet<u64>,
+    ooms: u64,
+    /// `--hard-limit` is on: allocation failures that do not say "memory" are OOMs too.
+    hard_limit: bool,
+    /// Said once the run has started (the UI learns the run before its details).
+    startup_notices: Vec<Notice>,
     effective_batch: usize,
     start_step: u64,
     /// Optimizer steps completed (counting resumed ones).
@@ -266,10 +289,25 @@ impl Trainer {
             }
         };
 
+        // Resuming starts at the micro-batch the run had settled on, unless the user asked
+        // for another one (--batch-size) this time.
+        let start_micro = resumed
+            .as_ref()
+            .and_then(|ck| {
+                let unchanged = ck.state.config.batch.micro_batch == cfg.batch.micro_batch;
+                ck.state.micro_batch.filter(|_| unchanged)
+            })
+            .unwrap_or(cfg.batch.micro_batch);
+        let (controller, meter, startup_notices) = Self::memory_policy(&cfg, device, start_micro)?;
         let val_offsets = data.val_offsets(cfg.run.eval_batches * cfg.batch.micro_batch);
         Ok(Trainer {
             schedule: Schedule::new(&cfg.optim, cfg.run.steps),
-            micro_batch: cfg.batch.micro_batch,
+            controller,
+            meter,
+            inject_oom: opts.inject_oom.iter().copied().collect(),
+            ooms: 0,
+            hard_limit: cfg.memory.hard_limit,
+            startup_notices,
             effective_batch: cfg.batch.effective(),
             checkpoint_dir: opts.checkpoint_dir,
             cfg,
@@ -290,6 +328,85 @@ impl Trainer {
         })
     }
 
+    /// The controller and the meter it reads. Called once the model and optimizer exist,
+    /// so a hard cap's baseline includes them.
+    /// Its notices are sent once the run has started, after `RunStarted`.
+    fn memory_policy(
+        cfg: &RunConfig,
+        device: Device,
+        start_micro: usize,
+    ) -> Result<(Controller, PeakMeter, Vec<Notice>), TrainError> {
+        let mut notices = Vec::new();
+        let mem = &cfg.memory;
+        let config = |e: headroom_core::ConfigError| TrainError::Config(e.to_string());
+        let thresholds = mem.thresholds().map_err(config)?;
+        let budget = mem.budget_bytes().map_err(config)?;
+        if mem.hard_limit && device != Device::Cpu {
+            return Err(TrainError::Config(
+                "--hard-limit caps host memory and applies to CPU runs only; drop it or use \
+                 --device cpu"
+                    .into(),
+            ));
+        }
+        if budget.is_some() && device != Device::Cpu {
+            notices.push(Notice::new(
+                Level::Warn,
+                "memory",
+                "--memory-budget applies to CPU runs; a CUDA run is measured against the \
+                 device's memory",
+            ));
+        }
+        let meter = PeakMeter::new(device, budget).map_err(TrainError::Config)?;
+        if !meter.is_exact() {
+            notices.push(Notice::new(
+                Level::Warn,
+                "memory",
+                "the kernel refused to reset the peak RSS (/proc/self/clear_refs); step peaks \
+                 are the process's peak so far and over-state later steps",
+            ));
+        }
+        let what = match (device, budget) {
+            (Device::Cpu, Some(_)) => "the budget (--memory-budget)",
+            (Device::Cpu, None) => "host memory (no --memory-budget)",
+            _ => "device memory",
+        };
+        notices.push(Notice::new(
+            Level::Info,
+            "memory",
+            format!(
+                "memory limit {} ({what}); thresholds {thresholds}",
+                fmt_bytes(meter.limit())
+            ),
+        ));
+        if mem.hard_limit {
+            let budget = budget.expect("validate() requires a budget with hard_limit");
+            let cap = oom::set_hard_limit(budget).map_err(TrainError::Config)?;
+            notices.push(Notice::new(
+                Level::Info,
+                "memory",
+                format!(
+                    "hard limit: allocations past {} resident fail (RLIMIT_DATA {})",
+                    fmt_bytes(budget),
+                    fmt_bytes(cap)
+                ),
+            ));
+        }
+        let effective = cfg.batch.effective();
+        let max = match mem.max_micro_batch {
+            0 => effective,
+            m => m.min(effective),
+        };
+        let ccfg = ControllerConfig {
+            min_micro_batch: mem.min_micro_batch.min(max),
+            max_micro_batch: max,
+            adaptive: mem.adaptive,
+            max_seq_len: cfg.data.seq_len,
+            ..ControllerConfig::default()
+        };
+        let controller = Controller::new(ccfg, thresholds, meter.limit(), start_micro);
+        Ok((controller, meter, notices))
+    }
+
     fn run(&mut self, bus: &Bus, commands: &Receiver<Command>) -> Result<RunSummary, String> {
         let started = Instant::now();
         let total = self.cfg.run.steps;
@@ -305,6 +422,10 @@ impl Trainer {
             val_bytes: self.data.val_bytes() as u64,
             config: self.cfg.clone(),
         }));
+        for notice in std::mem::take(&mut self.startup_notices) {
+            bus.send(Telemetry::Notice(notice));
+        }
+        self.thresholds_changed(bus, "config");
         bus.send(Telemetry::Status {
             status: RunStatus::Running,
         });
@@ -355,20 +476,58 @@ impl Trainer {
         Ok(summary)
     }
 
+    /// One optimizer step, retried with smaller micro-batches after an out-of-memory
+    /// error until it succeeds or the controller gives up.
     fn train_one(&mut self, bus: &Bus) -> Result<(), String> {
         let s = self.step + 1;
-        let plan = StepPlan {
-            seed: self.cfg.run.seed,
-            step: s,
-            effective_batch: self.effective_batch,
-            micro_batch: self.micro_batch,
-            lr: self.schedule.lr_at(s),
-            grad_clip: self.cfg.optim.grad_clip,
+        let seq = self.cfg.data.seq_len_at(self.cfg.run.seed, s);
+        let forecast = self.controller.before_step(seq);
+        self.apply(bus, s - 1, forecast);
+        let (plan, out, dt) = loop {
+            let plan = StepPlan {
+                seed: self.cfg.run.seed,
+                step: s,
+                effective_batch: self.effective_batch,
+                micro_batch: self.controller.micro_batch(),
+                seq_len: seq,
+                lr: self.schedule.lr_at(s),
+                grad_clip: self.cfg.optim.grad_clip,
+                inject_oom: self.inject_oom.remove(&s),
+            };
+            let predicted = self
+                .controller
+                .model()
+                .predict((plan.micro_batch * seq) as u64);
+            if let Err(e) = self.meter.reset() {
+                bus.send(Telemetry::Notice(Notice::new(Level::Warn, "memory", e)));
+            }
+            let t0 = Instant::now();
+            let (model, opt, data) = (&self.model, &mut self.opt, &self.data);
+            // An infallible tch call deep in a layer panics where an `f_` call would
+            // return the error: both are the same out-of-memory and take the same path.
+            let attempt = catch_unwind(AssertUnwindSafe(|| {
+                step::train_step(model, opt, data, &plan)
+            }));
+            let error = match attempt {
+                Ok(Ok(out)) => {
+                    let dt = t0.elapsed().as_secs_f64().max(1e-9);
+                    self.observe_memory(bus, &plan, predicted);
+                    break (plan, out, dt);
+                }
+                Ok(Err(e)) => e.to_string(),
+                Err(p) => {
+                    let text = panic_text(&p);
+                    if !self.is_oom(&text) {
+                        std::panic::resume_unwind(p);
+                    }
+                    text
+                }
+            };
+            if !self.is_oom(&error) {
+                return Err(format!("step {s} failed: {error}"));
+            }
+            self.recover_from_oom(bus, &plan, error)?;
         };
-        let t0 = Instant::now();
-        let out = step::train_step(&self.model, &mut self.opt, &self.data, &plan)
-            .map_err(|e| format!("step {s} failed: {e}"))?;
-        let dt = t0.elapsed().as_secs_f64().max(1e-9);
         if !out.loss.is_finite() {
             return Err(format!(
                 "step {s}: the loss is {} (training diverged); lower optim.lr or raise \
@@ -376,7 +535,7 @@ impl Trainer {
                 out.loss
             ));
         }
-        let tokens = (plan.effective_batch * self.data.seq_len()) as u64;
+        let tokens = (plan.effective_batch * seq) as u64;
         self.step = s;
         self.tokens_seen += tokens;
         self.last_loss = Some(out.loss);
@@ -394,15 +553,125 @@ impl Trainer {
             micro_batch: plan.micro_batch,
             accum_steps: plan.accum_steps(),
             effective_batch: plan.effective_batch,
-            seq_len: self.data.seq_len(),
+            seq_len: seq,
             tokens_seen: self.tokens_seen,
         }));
         Ok(())
     }
 
+    fn is_oom(&self, error: &str) -> bool {
+        if self.hard_limit {
+            oom::is_capped_oom_message(error)
+        } else {
+            oom::is_oom_message(error)
+        }
+    }
+
+    /// After a successful step: its peak, against the prediction, into the controller.
+    fn observe_memory(&mut self, bus: &Bus, plan: &StepPlan, predicted: Option<u64>) {
+        let peak = match self.meter.peak() {
+            Ok(p) => p,
+            Err(e) => {
+                bus.send(Telemetry::Notice(Notice::new(Level::Warn, "memory", e)));
+                return;
+            }
+        };
+        let limit = self.meter.limit();
+        bus.send(Telemetry::StepMemory(StepMemory {
+            step: plan.step,
+            micro_batch: plan.micro_batch,
+            seq_len: plan.seq_len,
+            peak_bytes: peak,
+            predicted_bytes: predicted,
+            limit_bytes: limit,
+            usage: peak as f64 / limit as f64,
+        }));
+        let decisions = self.controller.observe(StepObservation {
+            step: plan.step,
+            micro_batch: plan.micro_batch,
+            seq_len: plan.seq_len,
+            peak_bytes: peak,
+        });
+        self.apply(bus, plan.step, decisions);
+    }
+
+    /// Every tensor of the failed attempt is gone (returned or unwound); the gradients it
+    /// half-accumulated are zeroed, the cache freed, and the controller picks the size
+    /// the same samples are retried with. The optimizer never saw the attempt: its update
+    /// is all-or-nothing (see [`AdamW::step`]).
+    fn recover_from_oom(
+        &mut self,
+        bus: &Bus,
+        plan: &StepPlan,
+        error: String,
+    ) -> Result<(), String> {
+        self.ooms += 1;
+        self.opt.zero_grad();
+        let outcome = self.controller.on_oom(plan.micro_batch, plan.seq_len);
+        bus.send(Telemetry::Oom {
+            step: plan.step,
+            micro_batch: plan.micro_batch,
+            seq_len: plan.seq_len,
+            retry_with: outcome.retry_with,
+            error: first_line(&error),
+        });
+        self.apply(bus, plan.step - 1, outcome.decisions);
+        if outcome.retry_with.is_some() {
+            return Ok(());
+        }
+        let saved = match self.checkpoint(bus) {
+            Ok(path) => format!(
+                "the state after step {} is saved at {}",
+                self.step,
+                path.display()
+            ),
+            Err(e) => format!("the checkpoint failed too: {e}"),
+        };
+        Err(format!(
+            "step {} ran out of memory {} times in a row at micro-batch {} ({} tokens per \
+             sequence); {saved}. Lower data.seq_len or the model size, or give it more \
+             memory (--memory-budget), then --resume",
+            plan.step,
+            self.controller.config().max_ooms_at_min,
+            plan.micro_batch,
+            plan.seq_len
+        ))
+    }
+
+    /// Carries out the controller's decisions and reports each with its numbers.
+    fn apply(&mut self, bus: &Bus, step: u64, decisions: Vec<Decision>) {
+        for decision in decisions {
+            if let Decision::EmptyCache { .. } = decision {
+                if let Err(e) = oom::free_cached(self.device) {
+                    bus.send(Telemetry::Notice(Notice::new(
+                        Level::Warn,
+                        "memory",
+                        format!("freeing cached memory failed: {e}"),
+                    )));
+                }
+            }
+            bus.send(Telemetry::Decision { step, decision });
+        }
+    }
+
+    fn thresholds_changed(&self, bus: &Bus, source: &str) {
+        let thresholds = self.controller.thresholds();
+        let profile = [
+            Profile::Aggressive,
+            Profile::Balanced,
+            Profile::Conservative,
+        ]
+        .into_iter()
+        .find(|p| p.thresholds() == thresholds);
+        bus.send(Telemetry::ThresholdsChanged {
+            thresholds,
+            profile,
+            source: source.into(),
+        });
+    }
+
     fn evaluate(&mut self, bus: &Bus) -> Result<(), String> {
-        let val_loss = step::evaluate(&self.model, &self.data, &self.val_offsets, self.micro_batch)
-            .map_err(|e| format!("validation at step {} failed: {e}", self.step))?;
+        let val_loss = self.evaluate_fitting(bus)?;
         let (sum, n) = self.losses_since_eval;
         // No step since the last evaluation (a run stopped before its first step): the
         // freshest figure there is stands in, so the record never holds a NaN.
@@ -423,13 +692,54 @@ impl Trainer {
         Ok(())
     }
 
+    /// Validation in chunks of the current micro-batch, halved after an out-of-memory error
+    /// (the result does not depend on the chunk).
+    fn evaluate_fitting(&mut self, bus: &Bus) -> Result<f64, String> {
+        let mut chunk = self.controller.micro_batch();
+        loop {
+            let attempt = catch_unwind(AssertUnwindSafe(|| {
+                step::evaluate(&self.model, &self.data, &self.val_offsets, chunk)
+            }));
+            let error = match attempt {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) => e.to_string(),
+                Err(p) => {
+                    let text = panic_text(&p);
+                    if !self.is_oom(&text) {
+                        std::panic::resume_unwind(p);
+                    }
+                    text
+                }
+            };
+            if !self.is_oom(&error) || chunk == 1 {
+                return Err(format!("validation at step {} failed: {error}", self.step));
+            }
+            self.ooms += 1;
+            let _ = oom::free_cached(self.device);
+            bus.send(Telemetry::Notice(Notice::new(
+                Level::Warn,
+                "memory",
+                format!(
+                    "validation ran out of memory in chunks of {chunk}; retrying in chunks of {}",
+                    chunk / 2
+                ),
+            )));
+            chunk /= 2;
+        }
+    }
+
     /// Saves the current state (once per step: a second request reports the first save).
     fn checkpoint(&mut self, bus: &Bus) -> Result<PathBuf, CheckpointError> {
         let path = match &self.saved {
             Some((step, path)) if *step == self.step => path.clone(),
             _ => {
-                let state =
-                    CheckpointState::new(self.step, self.tokens_seen, &self.cfg, &self.model);
+                let state = CheckpointState::new(
+                    self.step,
+                    self.tokens_seen,
+                    &self.cfg,
+                    &self.model,
+                    self.controller.micro_batch(),
+                );
                 let path = checkpoint::save(&self.checkpoint_dir, &self.model, &self.opt, &state)?;
                 self.saved = Some((self.step, path.clone()));
                 path
@@ -490,8 +800,71 @@ impl Trainer {
                     ),
                     Err(e) => applied(bus, cmd, format!("checkpoint failed: {e}")),
                 },
+                Command::SetThresholds { thresholds } => {
+                    let done = format!("thresholds {thresholds} in force");
+                    self.set_thresholds(bus, cmd, thresholds, done);
+                }
+                Command::SetProfile { profile } => {
+                    let t = profile.thresholds();
+                    self.set_thresholds(bus, cmd, t, format!("profile {profile}: thresholds {t}"));
+                }
+                Command::PinMicroBatch { micro_batch } => {
+                    let decisions = self.controller.pin(micro_batch);
+                    self.apply(bus, self.step, decisions);
+                    let mb = self.controller.micro_batch();
+                    let note = if mb == micro_batch {
+                        String::new()
+                    } else {
+                        format!(" ({micro_batch} is outside the allowed range)")
+                    };
+                    applied(
+                        bus,
+                        cmd,
+                        format!(
+                            "micro-batch pinned at {mb}{note}, {} accumulation steps",
+                            self.effective_batch.div_ceil(mb)
+                        ),
+                    );
+                }
+                Command::Unpin => {
+                    self.controller.unpin();
+                    applied(
+                        bus,
+                        cmd,
+                        "micro-batch unpinned; the controller resizes again".into(),
+                    );
+                }
+                Command::FreeCache => {
+                    let (what, before) = oom::held(self.device);
+                    let text = match oom::free_cached(self.device) {
+                        Ok(()) => {
+                            let after = oom::held(self.device).1;
+                            format!("cached memory freed: {what} {before} → {after}")
+                        }
+                        Err(e) => format!("freeing cached memory failed: {e}"),
+                    };
+                    applied(bus, cmd, text);
+                }
+                // Command is non-exhaustive in spirit: a newer UI may send what this
+                // trainer does not know.
+                #[allow(unreachable_patterns)]
+                other => applied(bus, other, "not supported by this trainer".into()),
             }
         }
+    }
+
+    /// A threshold change from a command: in force and confirmed, or refused with the old
+    /// values kept and the reason said.
+    fn set_thresholds(&mut self, bus: &Bus, command: Command, t: Thresholds, done: String) {
+        let old = self.controller.thresholds();
+        let applied = match self.controller.set_thresholds(t) {
+            Ok(()) => {
+                self.thresholds_changed(bus, "command");
+                done
+            }
+            Err(e) => format!("refused: {e}; {old} stay in force"),
+        };
+        bus.send(Telemetry::CommandApplied { command, applied });
     }
 
     fn stop(&mut self, bus: &Bus, cmd: Option<Command>) -> Flow {

@@ -4,6 +4,7 @@ use tch::{Device, Kind, Reduction, TchError, Tensor};
 
 use crate::data::Dataset;
 use crate::model::Gpt;
+use crate::oom;
 use crate::optim::AdamW;
 
 /// What one step does. The micro-batch is an argument, not a property of the data or the
@@ -16,9 +17,15 @@ pub struct StepPlan {
     pub step: u64,
     pub effective_batch: usize,
     pub micro_batch: usize,
+    /// Tokens per sequence this step (at most the dataset's `seq_len`).
+    pub seq_len: usize,
     pub lr: f64,
     /// Global gradient-norm limit; 0 disables clipping.
     pub grad_clip: f64,
+    /// Fault injection (`--inject-oom`): after the first micro-batch's backward, ask the
+    /// allocator for an impossible amount, so a real out-of-memory error leaves the step
+    /// with gradients half-accumulated, as a natural one would.
+    pub inject_oom: bool,
 }
 
 impl StepPlan {
@@ -54,7 +61,7 @@ pub fn train_step(
     let mut first = 0;
     while first < e {
         let len = b.min(e - first);
-        let (x, y) = data.train_batch(plan.seed, plan.step, first, len, device)?;
+        let (x, y) = data.train_batch(plan.seed, plan.step, first, len, plan.seq_len, device)?;
         // Each micro-batch's mean weighted by its share of the batch: the gradients then
         // sum to exactly the full batch's mean gradient, uneven last micro-batch included.
         let loss = model
@@ -63,6 +70,9 @@ pub fn train_step(
         loss.f_backward()?;
         loss_sum = loss_sum.f_add(&loss.f_detach()?)?;
         first += len;
+        if plan.inject_oom {
+            return Err(oom::provoke(device));
+        }
     }
 
     let grads = opt.grads();

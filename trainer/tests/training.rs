@@ -3,154 +3,17 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crossbeam_channel::{bounded, Receiver, Sender};
-use headroom_core::{Bus, BusReceivers, Command, RunConfig, RunStatus, RunSummary, Telemetry};
+use crossbeam_channel::{bounded, Sender};
+use headroom_core::policy::{Profile, Thresholds};
+use headroom_core::{Bus, Command, RunConfig, RunStatus, Telemetry};
 use headroom_trainer::checkpoint;
 use headroom_trainer::data::Dataset;
-use headroom_trainer::model::Gpt;
-use headroom_trainer::optim::{AdamW, AdamWConfig};
-use headroom_trainer::runner::{self, TrainOptions};
+use headroom_trainer::runner;
 use headroom_trainer::schedule::Schedule;
 use headroom_trainer::step::{evaluate, train_step, StepPlan};
-use tch::{Device, Tensor};
 
-fn tiny() -> RunConfig {
-    let mut c = RunConfig::default();
-    c.run.name = "test".into();
-    c.run.device = "cpu".into();
-    c.run.steps = 12;
-    c.run.eval_every = 0;
-    c.run.checkpoint_every = 0;
-    c.run.eval_batches = 2;
-    c.data.seq_len = 32;
-    c.model.n_layer = 2;
-    c.model.n_head = 2;
-    c.model.n_embd = 32;
-    c.batch.micro_batch = 8;
-    c.optim.warmup_steps = 4;
-    c
-}
-
-fn opts(config: RunConfig, dir: &Path, resume: Option<PathBuf>) -> TrainOptions {
-    TrainOptions {
-        config,
-        checkpoint_dir: dir.to_path_buf(),
-        resume,
-    }
-}
-
-struct Run {
-    result: Result<RunSummary, String>,
-    events: Vec<Telemetry>,
-    losses: Vec<(u64, f64)>,
-}
-
-/// Runs to the end with the command channel held open and untouched.
-fn run(o: TrainOptions) -> Run {
-    let (bus, rx) = Bus::new(false);
-    let (_tx, cmd_rx) = bounded::<Command>(8);
-    let handle = runner::spawn(o, bus, cmd_rx).unwrap_or_else(|e| panic!("spawn: {e}"));
-    let result = handle.join();
-    collect(result, &rx)
-}
-
-fn collect(result: Result<RunSummary, String>, rx: &BusReceivers) -> Run {
-    let events: Vec<Telemetry> = rx.events.try_iter().collect();
-    let losses = rx
-        .metrics
-        .try_iter()
-        .filter_map(|m| match m {
-            Telemetry::Step(s) => Some((s.step, s.loss)),
-            _ => None,
-        })
-        .collect();
-    Run {
-        result,
-        events,
-        losses,
-    }
-}
-
-fn spawn_err(o: TrainOptions) -> String {
-    let (bus, _rx) = Bus::new(false);
-    let (_tx, cmd_rx) = bounded::<Command>(8);
-    match runner::spawn(o, bus, cmd_rx) {
-        Ok(h) => panic!("expected an error, the run started: {:?}", h.join()),
-        Err(e) => e.to_string(),
-    }
-}
-
-fn assert_contains(text: &str, needles: &[&str]) {
-    for n in needles {
-        assert!(text.contains(n), "expected {n:?} in: {text}");
-    }
-}
-
-fn params(model: &Gpt) -> Vec<(String, Vec<f32>)> {
-    model
-        .named_parameters()
-        .into_iter()
-        .map(|(n, t)| (n, Vec::<f32>::try_from(&t.flatten(0, -1)).unwrap()))
-        .collect()
-}
-
-fn saved_params(step_dir: &Path) -> Vec<(String, Vec<f32>)> {
-    let mut v: Vec<(String, Vec<f32>)> =
-        Tensor::read_safetensors(step_dir.join("model.safetensors"))
-            .unwrap()
-            .into_iter()
-            .map(|(n, t)| (n, Vec::<f32>::try_from(&t.flatten(0, -1)).unwrap()))
-            .collect();
-    v.sort_by(|a, b| a.0.cmp(&b.0));
-    v
-}
-
-/// Largest |a - b| / max(|a|, |b|, 1e-3) over all parameters.
-fn max_rel_diff(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let mut worst = 0.0f64;
-    for ((na, va), (nb, vb)) in a.iter().zip(b) {
-        assert_eq!(na, nb);
-        for (x, y) in va.iter().zip(vb) {
-            let (x, y) = (f64::from(*x), f64::from(*y));
-            worst = worst.max((x - y).abs() / x.abs().max(y.abs()).max(1e-3));
-        }
-    }
-    worst
-}
-
-fn fresh(cfg: &RunConfig) -> (Gpt, AdamW) {
-    let model = Gpt::new(&cfg.model, cfg.data.seq_len, Device::Cpu, cfg.run.seed).unwrap();
-    let opt = AdamW::new(model.named_parameters(), AdamWConfig::from(&cfg.optim)).unwrap();
-    (model, opt)
-}
-
-fn grads(model: &Gpt) -> Vec<(String, Vec<f32>)> {
-    model
-        .named_parameters()
-        .into_iter()
-        .map(|(n, t)| (n, Vec::<f32>::try_from(&t.grad().flatten(0, -1)).unwrap()))
-        .collect()
-}
-
-/// Largest |a - b| within a tensor relative to that tensor's largest |a|: the error that
-/// summation order explains.
-fn max_rel_diff_per_tensor(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f64 {
-    let mut worst = 0.0f64;
-    for ((na, va), (_, vb)) in a.iter().zip(b) {
-        let scale = va.iter().fold(0.0f64, |m, x| m.max(f64::from(x.abs())));
-        let diff = va
-            .iter()
-            .zip(vb)
-            .fold(0.0f64, |m, (x, y)| m.max(f64::from((x - y).abs())));
-        if scale > 0.0 {
-            worst = worst.max(diff / scale);
-        } else {
-            assert_eq!(diff, 0.0, "{na}");
-        }
-    }
-    worst
-}
+mod common;
+use common::*;
 
 #[test]
 fn accumulated_micro_batches_equal_the_full_batch() {
@@ -168,8 +31,10 @@ fn accumulated_micro_batches_equal_the_full_batch() {
         step: 3,
         effective_batch: 8,
         micro_batch: micro,
+        seq_len: cfg.data.seq_len,
         lr: 1e-3,
         grad_clip: 1.0,
+        inject_oom: false,
     };
     let (model, mut opt) = fresh(&cfg);
     let full = train_step(&model, &mut opt, &data, &plan(8)).unwrap();
@@ -203,8 +68,10 @@ fn same_seed_same_losses_bitwise() {
                     step: s,
                     effective_batch: 8,
                     micro_batch: 8,
+                    seq_len: cfg.data.seq_len,
                     lr: 1e-3,
                     grad_clip: 1.0,
+                    inject_oom: false,
                 };
                 train_step(&model, &mut opt, &data, &plan).unwrap().loss
             })
@@ -477,25 +344,6 @@ fn checkpoints_are_atomic_and_pruned() {
     assert_eq!(checkpoint::load(&root).unwrap().state.step, 10);
 }
 
-fn next_event(rx: &Receiver<Telemetry>) -> Telemetry {
-    rx.recv_timeout(Duration::from_secs(30))
-        .expect("the trainer answers within 30 s")
-}
-
-fn status(s: RunStatus) -> Telemetry {
-    Telemetry::Status { status: s }
-}
-
-fn expect_applied(rx: &Receiver<Telemetry>, cmd: Command, needle: &str) {
-    match next_event(rx) {
-        Telemetry::CommandApplied { command, applied } => {
-            assert_eq!(command, cmd);
-            assert!(applied.contains(needle), "{applied}");
-        }
-        other => panic!("expected CommandApplied({cmd:?}), got {other:?}"),
-    }
-}
-
 #[test]
 fn commands_are_answered_with_what_was_applied() {
     let dir = tempfile::tempdir().unwrap();
@@ -510,6 +358,26 @@ fn commands_are_answered_with_what_was_applied() {
     assert_eq!(handle.cuda_index(), None);
 
     assert!(matches!(next_event(&rx.events), Telemetry::RunStarted(_)));
+    // The memory limit and thresholds, then the run proper.
+    let mut next = next_event(&rx.events);
+    while let Telemetry::Notice(n) = &next {
+        assert_eq!(n.source, "memory", "{n:?}");
+        next = next_event(&rx.events);
+    }
+    match next {
+        Telemetry::ThresholdsChanged {
+            thresholds,
+            profile,
+            source,
+        } => {
+            assert_eq!(thresholds, Thresholds::default());
+            assert_eq!(
+                (profile, source.as_str()),
+                (Some(Profile::Balanced), "config")
+            );
+        }
+        other => panic!("expected ThresholdsChanged, got {other:?}"),
+    }
     assert_eq!(next_event(&rx.events), status(RunStatus::Running));
     assert_eq!(next_event(&rx.events), status(RunStatus::Paused));
     expect_applied(&rx.events, Command::Pause, "paused after step 0");
@@ -530,7 +398,12 @@ fn commands_are_answered_with_what_was_applied() {
     tx.send(Command::Resume).unwrap();
     assert_eq!(next_event(&rx.events), status(RunStatus::Running));
     expect_applied(&rx.events, Command::Resume, "resumed at step 1");
-    let first = rx.metrics.recv_timeout(Duration::from_secs(30)).unwrap();
+    let mut first = rx.metrics.recv_timeout(Duration::from_secs(30)).unwrap();
+    if let Telemetry::StepMemory(m) = &first {
+        // The step's memory comes just before its metrics.
+        assert_eq!(m.step, 1);
+        first = rx.metrics.recv_timeout(Duration::from_secs(30)).unwrap();
+    }
     assert!(
         matches!(first, Telemetry::Step(ref s) if s.step == 1),
         "{first:?}"

@@ -1,0 +1,835 @@
+//! The batch controller: a pure policy from step observations and thresholds to
+//! [`Decision`]s. The trainer applies them at step boundaries and logs every one.
+//!
+//! It works in tokens (micro-batch × sequence length): the memory model is fitted per
+//! token, the learned ceiling is a token count, and growth is planned for the longest
+//! sequence the run can feed, so a longer batch arriving later does not cross critical.
+//!
+//! Rules, in order, after each step (usage = peak / limit):
+//! - usage ≥ emergency: free cached memory and shrink hard (half, or the model's fit
+//!   under target if smaller);
+//! - usage ≥ critical: shrink to the model's fit under target (at least by one);
+//! - usage > warning: warn once (growth stops);
+//! - usage < target, `patience` steps measured at this size: grow to the model's fit under
+//!   target, at most ×`probe_growth` while only one size has been seen (the estimate is
+//!   then proportional, hence conservative) and ×`max_growth` once fitted, never to or
+//!   above the learned ceiling, and only when the gain is at least `min_gain` (hysteresis:
+//!   between target and critical nothing moves, so a steady state never oscillates).
+//!
+//! Every size is planned under target minus a margin: the largest error the fitted model
+//! made over its last [`ERROR_WINDOW`] predictions (at least 0.5%, at most 3% of the
+//! limit), so noisy readings land under target rather than on it.
+//!
+//! Before each step the next batch is forecast; above warning it is a warning, and the
+//! micro-batch shrinks to fit before the step runs. A pinned micro-batch is never resized
+//! except by an OOM (which unpins it); the controller then only warns.
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+
+use super::memory_model::MemoryModel;
+use super::thresholds::{ThresholdError, Thresholds};
+
+/// Predictions whose error sets the planning margin.
+pub const ERROR_WINDOW: usize = 16;
+const MIN_MARGIN: f64 = 0.005;
+const MAX_MARGIN: f64 = 0.03;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ControllerConfig {
+    pub min_micro_batch: usize,
+    pub max_micro_batch: usize,
+    /// Off: the micro-batch never changes except after an OOM; warnings still come.
+    pub adaptive: bool,
+    /// Largest factor of one growth once the model is fitted.
+    pub max_growth: f64,
+    /// Largest factor of one growth while only one size has been measured.
+    pub probe_growth: f64,
+    /// Grow only when the new size is at least this share larger (hysteresis).
+    pub min_gain: f64,
+    /// Steps measured at a size before growing from it.
+    pub patience: u32,
+    /// Clean steps after which a learned ceiling is raised by 10% (forgotten slowly).
+    pub forget_every: u64,
+    /// Longest sequence the run feeds: growth is planned for it.
+    pub max_seq_len: usize,
+    /// Consecutive OOMs at the smallest micro-batch before giving up.
+    pub max_ooms_at_min: u32,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            min_micro_batch: 1,
+            max_micro_batch: usize::MAX,
+            adaptive: true,
+            max_growth: 8.0,
+            probe_growth: 4.0,
+            min_gain: 0.05,
+            patience: 1,
+            forget_every: 200,
+            max_seq_len: 0,
+            max_ooms_at_min: 3,
+        }
+    }
+}
+
+/// What one step measured.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct StepObservation {
+    pub step: u64,
+    pub micro_batch: usize,
+    pub seq_len: usize,
+    /// The step's peak memory, bytes.
+    pub peak_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResizeReason {
+    /// Usage under target: room to grow.
+    Grow,
+    /// Usage at or above critical.
+    Critical,
+    /// Usage at or above emergency.
+    Emergency,
+    /// The next batch was forecast above warning.
+    Forecast,
+    /// The step ran out of memory.
+    Oom,
+    /// The user pinned the micro-batch.
+    Pinned,
+}
+
+/// What the controller decided, with the numbers that caused it. Usages are fractions of
+/// the limit (the budget on CPU, device memory on CUDA).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "decision", rename_all = "snake_case")]
+pub enum Decision {
+    /// Change the micro-batch (accumulation steps follow; the effective batch does not).
+    Resize {
+        from: usize,
+        to: usize,
+        reason: ResizeReason,
+        /// The measured (or, for a forecast, predicted) usage that triggered it.
+        usage: f64,
+        /// Predicted usage at the new size, when the model can tell.
+        predicted: Option<f64>,
+    },
+    /// Return cached allocator memory to the device (`emptyCache`).
+    EmptyCache { usage: f64 },
+    /// A micro-batch ran out of memory: sizes of this many tokens or more are avoided.
+    CeilingLearned { micro_batch: usize, tokens: u64 },
+    /// The ceiling was raised after a long run without OOMs; `None` when dropped.
+    CeilingRaised { tokens: Option<u64> },
+    /// Usage above warning, measured or forecast, that did not (or could not) resize.
+    Warning {
+        usage: f64,
+        forecast: bool,
+        text: String,
+    },
+}
+
+/// What to do after an OOM.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OomOutcome {
+    pub decisions: Vec<Decision>,
+    /// Retry the step with this micro-batch; `None`: give up (it failed repeatedly at
+    /// the smallest size).
+    pub retry_with: Option<usize>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Controller {
+    cfg: ControllerConfig,
+    thresholds: Thresholds,
+    limit_bytes: u64,
+    model: MemoryModel,
+    micro_batch: usize,
+    pinned: bool,
+    ceiling_tokens: Option<u64>,
+    steps_at_size: u32,
+    clean_steps: u64,
+    ooms_at_min: u32,
+    warned: bool,
+    /// |predicted − measured| / limit of the fitted model's latest predictions.
+    errors: VecDeque<f64>,
+}
+
+impl Controller {
+    pub fn new(
+        cfg: ControllerConfig,
+        thresholds: Thresholds,
+        limit_bytes: u64,
+        micro_batch: usize,
+    ) -> Controller {
+        let mb = micro_batch.clamp(cfg.min_micro_batch.max(1), cfg.max_micro_batch.max(1));
+        Controller {
+            cfg,
+            thresholds,
+            limit_bytes: limit_bytes.max(1),
+            model: MemoryModel::new(),
+            micro_batch: mb,
+            pinned: false,
+            ceiling_tokens: None,
+            steps_at_size: 0,
+            clean_steps: 0,
+            ooms_at_min: 0,
+            warned: false,
+            errors: VecDeque::with_capacity(ERROR_WINDOW),
+        }
+    }
+
+    pub fn micro_batch(&self) -> usize {
+        self.micro_batch
+    }
+    pub fn thresholds(&self) -> Thresholds {
+        self.thresholds
+    }
+    pub fn limit_bytes(&self) -> u64 {
+        self.limit_bytes
+    }
+    pub fn model(&self) -> &MemoryModel {
+        &self.model
+    }
+    pub fn ceiling_tokens(&self) -> Option<u64> {
+        self.ceiling_tokens
+    }
+    pub fn is_pinned(&self) -> bool {
+        self.pinned
+    }
+    pub fn config(&self) -> &ControllerConfig {
+        &self.cfg
+    }
+
+    /// Replaces the thresholds if valid; a rejected set leaves the old ones in force.
+    pub fn set_thresholds(&mut self, t: Thresholds) -> Result<(), ThresholdError> {
+        self.thresholds.set(t)?;
+        self.warned = false;
+        Ok(())
+    }
+
+    /// Predicted usage (fraction of the limit) of `micro_batch` sequences of `seq_len`.
+    pub fn predicted_usage(&self, micro_batch: usize, seq_len: usize) -> Option<f64> {
+        self.model
+            .predict((micro_batch * seq_len) as u64)
+            .map(|b| b as f64 / self.limit_bytes as f64)
+    }
+
+    /// Pins the micro-batch to `n` (clamped to the allowed range); the controller then
+    /// only warns.
+    pub fn pin(&mut self, n: usize) -> Vec<Decision> {
+        let to = n.clamp(
+            self.cfg.min_micro_batch.max(1),
+            self.cfg.max_micro_batch.max(1),
+        );
+        self.pinned = true;
+        self.resize(to, ResizeReason::Pinned, 0.0)
+            .into_iter()
+            .collect()
+    }
+
+    pub fn unpin(&mut self) {
+        self.pinned = false;
+        self.steps_at_size = 0;
+    }
+
+    fn cap(&self) -> usize {
+        self.cfg.max_micro_batch.max(1)
+    }
+    fn floor(&self) -> usize {
+        self.cfg.min_micro_batch.max(1)
+    }
+
+    fn plan_seq(&self, seq_len: usize) -> usize {
+        self.cfg.max_seq_len.max(seq_len).max(1)
+    }
+
+    /// Largest micro-batch under the learned ceiling for `seq_len`.
+    fn ceiling_batch(&self, seq_len: usize) -> usize {
+        match self.ceiling_tokens {
+            Some(c) => (c.saturating_sub(1) / seq_len.max(1) as u64) as usize,
+            None => usize::MAX,
+        }
+    }
+
+    /// The share of the limit kept free below target for the model's own error.
+    pub fn margin(&self) -> f64 {
+        self.errors
+            .iter()
+            .copied()
+            .fold(0.0, f64::max)
+            .clamp(MIN_MARGIN, MAX_MARGIN)
+    }
+
+    /// The model's largest micro-batch predicted under target (less the margin).
+    fn fit_target(&self, seq_len: usize) -> Option<usize> {
+        let fraction = self.thresholds.target - self.margin();
+        self.model
+            .max_batch_under((fraction * self.limit_bytes as f64) as u64, seq_len)
+    }
+
+    fn resize(&mut self, to: usize, reason: ResizeReason, usage: f64) -> Option<Decision> {
+        let to = to.clamp(self.floor(), self.cap());
+        if to == self.micro_batch {
+            return None;
+        }
+        let from = self.micro_batch;
+        self.micro_batch = to;
+        self.steps_at_size = 0;
+        self.warned = false;
+        let seq = self.plan_seq(0);
+        Some(Decision::Resize {
+            from,
+            to,
+            reason,
+            usage,
+            predicted: self.predicted_usage(to, seq),
+        })
+    }
+
+    /// The forecast for the next step, whose sequences are `seq_len` long: shrinks (or,
+    /// pinned, warns) when it is predicted above warning.
+    pub fn before_step(&mut self, seq_len: usize) -> Vec<Decision> {
+        let mut out = Vec::new();
+        let Some(pred) = self.predicted_usage(self.micro_batch, seq_len) else {
+            return out;
+        };
+        if pred <= self.thresholds.warning {
+            return out;
+        }
+        out.push(Decision::Warning {
+            usage: pred,
+            forecast: true,
+            text: format!(
+                "the next batch ({} × {seq_len} tokens) is forecast at {:.0}% of the limit, above warning {:.0}%",
+                self.micro_batch,
+                pred * 100.0,
+                self.thresholds.warning * 100.0
+            ),
+        });
+        if !self.pinned && self.cfg.adaptive {
+            let fit = self.fit_target(seq_len).unwrap_or(0);
+            let to = fit.min(self.micro_batch - 1).max(self.floor());
+            if let Some(mut d) = self.resize(to, ResizeReason::Forecast, pred) {
+                if let Decision::Resize { predicted, .. } = &mut d {
+                    *predicted = self.predicted_usage(to, seq_len);
+                }
+                out.push(d);
+            }
+        }
+        out
+    }
+
+    /// Feeds one successful step's measurement; returns what to change.
+    pub fn observe(&mut self, obs: StepObservation) -> Vec<Decision> {
+        let mut out = Vec::new();
+        let tokens = (obs.micro_batch * obs.seq_len) as u64;
+        if self.model.is_fitted() {
+            if let Some(p) = self.model.predict(tokens) {
+                if self.errors.len() == ERROR_WINDOW {
+                    self.errors.pop_front();
+                }
+                self.errors
+                    .push_back(p.abs_diff(obs.peak_bytes) as f64 / self.limit_bytes as f64);
+            }
+        }
+        self.model.observe(tokens, obs.peak_bytes);
+        self.ooms_at_min = 0;
+        if obs.micro_batch == self.micro_batch {
+            self.steps_at_size = self.steps_at_size.saturating_add(1);
+        }
+        self.clean_steps += 1;
+        if let Some(c) = self.ceiling_tokens {
+            if self.clean_steps >= self.cfg.forget_every {
+                self.clean_steps = 0;
+                let raised = c + c / 10 + 1;
+                let max_tokens = (self.cap() * self.plan_seq(obs.seq_len)) as u64;
+                self.ceiling_tokens = (raised <= max_tokens).then_some(raised);
+                out.push(Decision::CeilingRaised {
+                    tokens: self.ceiling_tokens,
+                });
+            }
+        }
+        let usage = obs.peak_bytes as f64 / self.limit_bytes as f64;
+        let t = self.thresholds;
+        let seq = self.plan_seq(obs.seq_len);
+        let may_resize = self.cfg.adaptive && !self.pinned;
+        if usage >= t.emergency {
+            out.push(Decision::EmptyCache { usage });
+            if may_resize {
+                let half = (self.micro_batch / 2).max(1);
+                let to = self.fit_target(seq).map_or(half, |f| f.min(half));
+                out.extend(self.resize(to, ResizeReason::Emergency, usage));
+                return out;
+            }
+        } else if usage >= t.critical && may_resize {
+            let fit = self.fit_target(seq).unwrap_or(self.micro_batch * 3 / 4);
+            let to = fit.min(self.micro_batch - 1);
+            out.extend(self.resize(to, ResizeReason::Critical, usage));
+            return out;
+        }
+        if usage > t.warning {
+            if !self.warned {
+                self.warned = true;
+                let what = if self.pinned {
+                    "the micro-batch is pinned; unpin it to let headroom shrink it"
+                } else if !self.cfg.adaptive {
+                    "adaptation is off (memory.adaptive = false)"
+                } else {
+                    "growth stops"
+                };
+                out.push(Decision::Warning {
+                    usage,
+                    forecast: false,
+                    text: format!(
+                        "step {} peaked at {:.0}% of the limit, above warning {:.0}%; {what}",
+                        obs.step,
+                        usage * 100.0,
+                        t.warning * 100.0
+                    ),
+                });
+            }
+            return out;
+        }
+        if usage < t.target && may_resize && self.steps_at_size >= self.cfg.patience {
+            let Some(fit) = self.fit_target(seq) else {
+                return out;
+            };
+            let factor = if self.model.is_fitted() {
+                self.cfg.max_growth
+            } else {
+                self.cfg.probe_growth
+            };
+            let bound =
+                ((self.micro_batch as f64 * factor).floor() as usize).max(self.micro_batch + 1);
+            let cand = fit.min(bound).min(self.cap()).min(self.ceiling_batch(seq));
+            let gain = (self.micro_batch as f64 * self.cfg.min_gain)
+                .ceil()
+                .max(1.0) as usize;
+            if cand >= self.micro_batch + gain {
+                out.extend(self.resize(cand, ResizeReason::Grow, usage));
+            }
+        }
+        out
+    }
+
+    /// A step at `micro_batch` × `seq_len` ran out of memory: learn the ceiling, free the
+    /// cache, and pick the size to retry the same samples with.
+    pub fn on_oom(&mut self, micro_batch: usize, seq_len: usize) -> OomOutcome {
+        let tokens = (micro_batch * seq_len) as u64;
+        let mut decisions = vec![Decision::EmptyCache { usage: 1.0 }];
+        if self.ceiling_tokens.is_none_or(|c| tokens < c) {
+            self.ceiling_tokens = Some(tokens);
+            decisions.push(Decision::CeilingLearned {
+                micro_batch,
+                tokens,
+            });
+        }
+        self.clean_steps = 0;
+        self.pinned = false;
+        self.micro_batch = micro_batch;
+        if micro_batch <= self.floor() {
+            self.ooms_at_min += 1;
+            let retry_with = (self.ooms_at_min < self.cfg.max_ooms_at_min).then_some(micro_batch);
+            return OomOutcome {
+                decisions,
+                retry_with,
+            };
+        }
+        let half = micro_batch / 2;
+        let to = self
+            .fit_target(self.plan_seq(seq_len))
+            .map_or(half, |f| f.min(half));
+        decisions.extend(self.resize(to, ResizeReason::Oom, 1.0));
+        OomOutcome {
+            decisions,
+            retry_with: Some(self.micro_batch),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Profile;
+
+    const MIB: u64 = 1 << 20;
+    const LIMIT: u64 = 4096 * MIB;
+
+    /// A linear device: 700 MiB fixed, 400 KiB per token, optional ±noise.
+    struct Sim {
+        fixed: u64,
+        per_token: u64,
+        noise: f64,
+        rng: u64,
+    }
+
+    impl Sim {
+        fn new(noise: f64) -> Sim {
+            Sim {
+                fixed: 700 * MIB,
+                per_token: 400 * 1024,
+                noise,
+                rng: 42,
+            }
+        }
+        fn peak(&mut self, mb: usize, seq: usize) -> u64 {
+            self.rng = self
+                .rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let u = (self.rng >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
+            let exact = (self.fixed + self.per_token * (mb * seq) as u64) as f64;
+            (exact * (1.0 + self.noise * u)) as u64
+        }
+        /// Largest micro-batch whose true peak is under `fraction` of LIMIT.
+        fn largest(&self, fraction: f64, seq: usize) -> usize {
+            ((fraction * LIMIT as f64 - self.fixed as f64) / (self.per_token * seq as u64) as f64)
+                .floor() as usize
+        }
+    }
+
+    fn cfg(seq: usize) -> ControllerConfig {
+        ControllerConfig {
+            max_micro_batch: 4096,
+            max_seq_len: seq,
+            ..Default::default()
+        }
+    }
+
+    fn resizes(ds: &[Decision]) -> Vec<(usize, usize, ResizeReason)> {
+        ds.iter()
+            .filter_map(|d| match d {
+                Decision::Resize {
+                    from, to, reason, ..
+                } => Some((*from, *to, *reason)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Runs `steps` steps at a fixed seq_len; returns every resize.
+    fn drive(
+        c: &mut Controller,
+        sim: &mut Sim,
+        seq: usize,
+        steps: u64,
+    ) -> Vec<(u64, usize, usize, ResizeReason)> {
+        let mut all = Vec::new();
+        for s in 1..=steps {
+            for (f, t, r) in resizes(&c.before_step(seq)) {
+                all.push((s, f, t, r));
+            }
+            let mb = c.micro_batch();
+            let peak = sim.peak(mb, seq);
+            let ds = c.observe(StepObservation {
+                step: s,
+                micro_batch: mb,
+                seq_len: seq,
+                peak_bytes: peak,
+            });
+            for (f, t, r) in resizes(&ds) {
+                all.push((s, f, t, r));
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn reaches_the_feasible_size_from_far_below_in_three_adjustments_and_holds() {
+        // Up to 256× below: ×4 while one size is known, then ×8, ×8.
+        for (seq, start) in [(64usize, 1usize), (128, 1), (32, 2), (16, 4)] {
+            let mut sim = Sim::new(0.0);
+            let best = sim.largest(0.90, seq);
+            assert!(best >= 50 * start, "far below: start {start}, best {best}");
+            let mut c = Controller::new(cfg(seq), Thresholds::default(), LIMIT, start);
+            let changes = drive(&mut c, &mut sim, seq, 200);
+            assert!(
+                changes.len() <= 3,
+                "seq {seq}: {} adjustments: {changes:?}",
+                changes.len()
+            );
+            assert!(changes.iter().all(|c| c.3 == ResizeReason::Grow));
+            let mb = c.micro_batch();
+            assert!(mb <= best, "seq {seq}: {mb} is above the feasible {best}");
+            assert!(
+                mb as f64 >= 0.9 * best as f64,
+                "seq {seq}: {mb} not within 10% of {best}"
+            );
+        }
+    }
+
+    #[test]
+    fn no_oscillation_at_steady_state_with_noisy_readings() {
+        let seq = 128;
+        let mut sim = Sim::new(0.01);
+        let mut c = Controller::new(cfg(seq), Thresholds::default(), LIMIT, 2);
+        drive(&mut c, &mut sim, seq, 20);
+        let settled = c.micro_batch();
+        let later = drive(&mut c, &mut sim, seq, 200);
+        assert!(later.is_empty(), "resized at steady state: {later:?}");
+        assert_eq!(c.micro_batch(), settled);
+        let best = sim.largest(0.90, seq);
+        assert!(settled as f64 >= 0.85 * best as f64, "{settled} vs {best}");
+    }
+
+    /// Readings that scatter ±1% around the truth: the margin learned from the model's
+    /// errors keeps every settled step under target, not just on average.
+    #[test]
+    fn noisy_readings_settle_under_target() {
+        let seq = 128;
+        let t = Thresholds::default();
+        let mut sim = Sim::new(0.01);
+        let mut c = Controller::new(cfg(seq), t, LIMIT, 1);
+        drive(&mut c, &mut sim, seq, 30);
+        assert!(
+            c.margin() > MIN_MARGIN,
+            "noise widens the margin: {}",
+            c.margin()
+        );
+        for s in 31..=300 {
+            let mb = c.micro_batch();
+            let peak = sim.peak(mb, seq);
+            let usage = peak as f64 / LIMIT as f64;
+            assert!(usage < t.target, "step {s}: {usage} at micro-batch {mb}");
+            c.observe(StepObservation {
+                step: s,
+                micro_batch: mb,
+                seq_len: seq,
+                peak_bytes: peak,
+            });
+        }
+        assert!(c.micro_batch() as f64 >= 0.9 * sim.largest(t.target, seq) as f64);
+    }
+
+    #[test]
+    fn varying_sequence_length_never_crosses_critical() {
+        let max_seq = 512;
+        let t = Thresholds::default();
+        let mut sim = Sim::new(0.005);
+        let mut c = Controller::new(cfg(max_seq), t, LIMIT, 1);
+        let mut rng = 7u64;
+        let mut worst: f64 = 0.0;
+        for s in 1..=300u64 {
+            rng = crate::policy::controller::tests::next(rng);
+            // A curriculum that ramps up, plus random lengths up to the maximum.
+            let seq = if s < 100 {
+                16 + (s as usize * 4).min(max_seq - 16)
+            } else {
+                16 + (rng % (max_seq as u64 - 15)) as usize
+            };
+            c.before_step(seq);
+            let mb = c.micro_batch();
+            let peak = sim.peak(mb, seq);
+            worst = worst.max(peak as f64 / LIMIT as f64);
+            c.observe(StepObservation {
+                step: s,
+                micro_batch: mb,
+                seq_len: seq,
+                peak_bytes: peak,
+            });
+        }
+        assert!(worst < t.critical, "peak usage {worst}");
+        assert!(worst > 0.5, "the controller did grow: {worst}");
+    }
+
+    /// A curriculum longer than the configured maximum: the forecast catches it.
+    #[test]
+    fn forecast_shrinks_before_a_longer_batch_arrives() {
+        let mut sim = Sim::new(0.0);
+        let mut c = Controller::new(cfg(64), Thresholds::default(), LIMIT, 1);
+        drive(&mut c, &mut sim, 64, 10);
+        let mb = c.micro_batch();
+        let ds = c.before_step(256);
+        assert!(ds
+            .iter()
+            .any(|d| matches!(d, Decision::Warning { forecast: true, .. })));
+        let r = resizes(&ds);
+        assert_eq!(r.len(), 1, "{ds:?}");
+        assert_eq!((r[0].0, r[0].2), (mb, ResizeReason::Forecast));
+        assert!(r[0].1 <= sim.largest(0.90, 256));
+        // Pinned: the same forecast only warns.
+        let mut p = Controller::new(cfg(64), Thresholds::default(), LIMIT, 1);
+        drive(&mut p, &mut sim, 64, 10);
+        p.pin(p.micro_batch());
+        let ds = p.before_step(256);
+        assert!(resizes(&ds).is_empty());
+        assert!(matches!(ds[0], Decision::Warning { forecast: true, .. }));
+    }
+
+    pub(super) fn next(x: u64) -> u64 {
+        x.wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407)
+            >> 1
+    }
+
+    #[test]
+    fn oom_learns_a_ceiling_that_growth_respects_and_slowly_forgets() {
+        let seq = 64;
+        // The device really fails above 60 sequences although the model would allow more
+        // (fragmentation, another process): the ceiling must hold growth below it.
+        let mut sim = Sim::new(0.0);
+        let mut c = Controller::new(
+            ControllerConfig {
+                forget_every: 50,
+                ..cfg(seq)
+            },
+            Thresholds::default(),
+            LIMIT,
+            120,
+        );
+        let out = c.on_oom(120, seq);
+        assert!(out
+            .decisions
+            .iter()
+            .any(|d| matches!(d, Decision::EmptyCache { .. })));
+        assert!(out.decisions.contains(&Decision::CeilingLearned {
+            micro_batch: 120,
+            tokens: 120 * 64
+        }));
+        assert_eq!(out.retry_with, Some(60));
+        let out = c.on_oom(60, seq);
+        assert_eq!(c.ceiling_tokens(), Some(60 * 64));
+        let retry = out.retry_with.unwrap();
+        assert!(retry <= 30);
+        let mut max_seen = 0;
+        for s in 1..=40u64 {
+            c.before_step(seq);
+            let mb = c.micro_batch();
+            max_seen = max_seen.max(mb);
+            c.observe(StepObservation {
+                step: s,
+                micro_batch: mb,
+                seq_len: seq,
+                peak_bytes: sim.peak(mb, seq),
+            });
+        }
+        assert_eq!(max_seen, 59, "grows to just under the ceiling");
+        // After forget_every clean steps the ceiling rises by 10%.
+        let ds = drive(&mut c, &mut sim, seq, 20);
+        assert!(c.ceiling_tokens().unwrap() > 60 * 64);
+        assert!(ds.iter().any(|d| d.3 == ResizeReason::Grow), "{ds:?}");
+    }
+
+    #[test]
+    fn repeated_oom_at_one_gives_up() {
+        let mut c = Controller::new(cfg(64), Thresholds::default(), LIMIT, 2);
+        assert_eq!(c.on_oom(2, 64).retry_with, Some(1));
+        assert_eq!(c.on_oom(1, 64).retry_with, Some(1));
+        assert_eq!(c.on_oom(1, 64).retry_with, Some(1));
+        assert_eq!(c.on_oom(1, 64).retry_with, None);
+    }
+
+    #[test]
+    fn critical_shrinks_and_emergency_frees_cache_and_shrinks_hard() {
+        let seq = 64;
+        let mut sim = Sim::new(0.0);
+        let mut c = Controller::new(cfg(seq), Thresholds::default(), LIMIT, 8);
+        drive(&mut c, &mut sim, seq, 5);
+        let mb = c.micro_batch();
+        // Something else takes memory: the same size now reads 96%.
+        let ds = c.observe(StepObservation {
+            step: 6,
+            micro_batch: mb,
+            seq_len: seq,
+            peak_bytes: (0.96 * LIMIT as f64) as u64,
+        });
+        let r = resizes(&ds);
+        assert_eq!(r[0].2, ResizeReason::Critical, "{ds:?}");
+        assert!(r[0].1 < mb);
+        let mb = c.micro_batch();
+        let ds = c.observe(StepObservation {
+            step: 7,
+            micro_batch: mb,
+            seq_len: seq,
+            peak_bytes: (0.99 * LIMIT as f64) as u64,
+        });
+        assert!(matches!(ds[0], Decision::EmptyCache { .. }));
+        let r = resizes(&ds);
+        assert_eq!(r[0].2, ResizeReason::Emergency);
+        assert!(r[0].1 <= mb / 2);
+    }
+
+    #[test]
+    fn pinned_only_warns_and_unpin_resumes_growth() {
+        let seq = 64;
+        let mut sim = Sim::new(0.0);
+        let mut c = Controller::new(cfg(seq), Thresholds::default(), LIMIT, 4);
+        let pin = c.pin(1000);
+        assert_eq!(resizes(&pin), vec![(4, 1000, ResizeReason::Pinned)]);
+        let ds = drive(&mut c, &mut sim, seq, 10);
+        assert!(ds.is_empty(), "pinned but resized: {ds:?}");
+        assert_eq!(c.micro_batch(), 1000);
+        // 1000 × 64 tokens is far above critical: one warning, not ten.
+        let mut warnings = 0;
+        for s in 0..5 {
+            let ds = c.observe(StepObservation {
+                step: s,
+                micro_batch: 1000,
+                seq_len: seq,
+                peak_bytes: sim.peak(1000, seq),
+            });
+            warnings += ds
+                .iter()
+                .filter(|d| {
+                    matches!(
+                        d,
+                        Decision::Warning {
+                            forecast: false,
+                            ..
+                        }
+                    )
+                })
+                .count();
+            assert!(resizes(&ds).is_empty());
+        }
+        assert!(warnings <= 1);
+        c.unpin();
+        let ds = drive(&mut c, &mut sim, seq, 3);
+        assert!(ds.iter().any(|d| d.3 == ResizeReason::Critical
+            || d.3 == ResizeReason::Emergency
+            || d.3 == ResizeReason::Forecast));
+        assert!(c.micro_batch() <= sim.largest(0.95, seq));
+    }
+
+    #[test]
+    fn invalid_thresholds_are_rejected_and_the_old_kept() {
+        let mut c = Controller::new(cfg(64), Profile::Conservative.thresholds(), LIMIT, 4);
+        let bad = Thresholds {
+            target: 0.9,
+            warning: 0.8,
+            critical: 0.95,
+            emergency: 0.97,
+        };
+        let err = c.set_thresholds(bad).unwrap_err();
+        assert!(err.0.contains("warning"), "{err}");
+        assert_eq!(c.thresholds(), Profile::Conservative.thresholds());
+        c.set_thresholds(Profile::Aggressive.thresholds()).unwrap();
+        assert_eq!(c.thresholds(), Profile::Aggressive.thresholds());
+    }
+
+    #[test]
+    fn not_adaptive_never_resizes_but_warns() {
+        let seq = 64;
+        let mut sim = Sim::new(0.0);
+        let mut c = Controller::new(
+            ControllerConfig {
+                adaptive: false,
+                ..cfg(seq)
+            },
+            Thresholds::default(),
+            LIMIT,
+            4,
+        );
+        assert!(drive(&mut c, &mut sim, seq, 10).is_empty());
+        let ds = c.observe(StepObservation {
+            step: 11,
+            micro_batch: 4,
+            seq_len: seq,
+            peak_bytes: LIMIT,
+        });
+        assert!(resizes(&ds).is_empty());
+        assert!(ds.iter().any(|d| matches!(d, Decision::Warning { .. })));
+    }
+}

@@ -1,0 +1,143 @@
+//! A step's peak memory and the limit it is a share of: what the controller observes.
+//!
+//! CUDA: the allocator's peak of allocated bytes since the step began, plus the memory
+//! outside the allocator (device used − allocator reserved: the CUDA context, other
+//! processes), over the device's total. Allocated, not reserved: the cache keeps reserved
+//! high after a shrink, and a model fitted to it would never see a smaller batch use less.
+//!
+//! CPU: the process's peak resident set since the step began (`VmHWM`, reset by writing
+//! `5` to /proc/self/clear_refs) over the budget (`--memory-budget`, else host memory).
+use std::fs;
+use std::io::Write;
+
+use tch::Device;
+
+use crate::alloc_stats;
+
+pub struct PeakMeter {
+    device: Device,
+    limit: u64,
+    /// Whether /proc/self/clear_refs accepted a reset: without it VmHWM is the peak since
+    /// the process began, which over-states every later step.
+    resettable: bool,
+}
+
+impl PeakMeter {
+    /// `budget`: the CPU budget in bytes, when one was given (ignored on CUDA).
+    pub fn new(device: Device, budget: Option<u64>) -> Result<PeakMeter, String> {
+        let limit = match device {
+            Device::Cuda(n) => {
+                alloc_stats::memory_info(n)
+                    .map_err(|e| format!("cannot read cuda:{n} memory: {e}"))?
+                    .1
+            }
+            _ => match budget {
+                Some(b) => b,
+                None => host_total_bytes()
+                    .ok_or("cannot read MemTotal from /proc/meminfo; give --memory-budget SIZE")?,
+            },
+        };
+        let mut meter = PeakMeter {
+            device,
+            limit,
+            resettable: true,
+        };
+        meter.resettable = meter.reset().is_ok();
+        Ok(meter)
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// False on a CPU run whose kernel refused the peak reset (figures then over-state).
+    pub fn is_exact(&self) -> bool {
+        self.resettable
+    }
+
+    /// Starts a new peak window.
+    pub fn reset(&self) -> Result<(), String> {
+        match self.device {
+            Device::Cuda(n) => alloc_stats::reset_peak_stats(n),
+            _ if !self.resettable => Ok(()),
+            _ => fs::OpenOptions::new()
+                .write(true)
+                .open("/proc/self/clear_refs")
+                .and_then(|mut f| f.write_all(b"5"))
+                .map_err(|e| format!("cannot reset the peak RSS via /proc/self/clear_refs: {e}")),
+        }
+    }
+
+    /// The peak since the last [`PeakMeter::reset`], bytes.
+    pub fn peak(&self) -> Result<u64, String> {
+        match self.device {
+            Device::Cuda(n) => {
+                let stats = alloc_stats::device_stats(n)
+                    .ok_or("no accelerator")?
+                    .map_err(|e| format!("allocator stats: {e}"))?;
+                let (free, total) = alloc_stats::memory_info(n)?;
+                let outside = total.saturating_sub(free).saturating_sub(stats.reserved);
+                Ok(stats.allocated_peak + outside)
+            }
+            _ => status_kib("VmHWM:")
+                .map(|k| k * 1024)
+                .ok_or_else(|| "cannot read VmHWM from /proc/self/status".into()),
+        }
+    }
+}
+
+/// A `kB` line of /proc/self/status (`VmHWM:`, `VmRSS:`, `VmData:`).
+pub fn status_kib(key: &str) -> Option<u64> {
+    kib_line(&fs::read_to_string("/proc/self/status").ok()?, key)
+}
+
+/// Total host memory, bytes.
+pub fn host_total_bytes() -> Option<u64> {
+    kib_line(&fs::read_to_string("/proc/meminfo").ok()?, "MemTotal:").map(|k| k * 1024)
+}
+
+fn kib_line(text: &str, key: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{Kind, Tensor};
+
+    #[test]
+    fn cpu_peak_sees_a_transient_allocation_and_resets() {
+        let meter = PeakMeter::new(Device::Cpu, Some(1 << 30)).unwrap();
+        assert_eq!(meter.limit(), 1 << 30);
+        assert!(meter.is_exact(), "this kernel must accept clear_refs");
+        meter.reset().unwrap();
+        let before = meter.peak().unwrap();
+        {
+            // 256 MiB, touched so it is resident, then freed.
+            let t = Tensor::ones([64 << 20], (Kind::Float, Device::Cpu));
+            assert_eq!(t.int64_value(&[0]), 1);
+        }
+        let after = meter.peak().unwrap();
+        assert!(
+            after >= before + (200 << 20),
+            "peak {after} vs {before} before the allocation"
+        );
+        meter.reset().unwrap();
+        let again = meter.peak().unwrap();
+        assert!(
+            again + (200 << 20) <= after,
+            "reset to {again} from {after}"
+        );
+    }
+
+    #[test]
+    fn reads_kib_lines() {
+        let text = "Name:\tx\nVmHWM:\t  1234 kB\nVmRSS:\t 99 kB\n";
+        assert_eq!(kib_line(text, "VmHWM:"), Some(1234));
+        assert_eq!(kib_line(text, "VmData:"), None);
+        assert!(host_total_bytes().unwrap() > 1 << 28);
+    }
+}
