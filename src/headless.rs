@@ -2,6 +2,7 @@
 use std::io::Write;
 
 use crossbeam_channel::{select, Receiver};
+use headroom_core::policy::Decision;
 use headroom_core::units::{fmt_bytes, fmt_duration};
 use headroom_core::{Level, RunSummary, StepMetrics, Telemetry};
 
@@ -64,6 +65,37 @@ impl Progress {
                 Some(format!("checkpoint at step {step}: {path}"))
             }
             Telemetry::Failed { reason } => Some(format!("run failed: {reason}")),
+            Telemetry::Oom {
+                step,
+                micro_batch,
+                seq_len,
+                retry_with,
+                ..
+            } => Some(match retry_with {
+                Some(n) => format!(
+                    "out of memory in step {step} at micro-batch {micro_batch} x {seq_len} tokens; retrying with {n}"
+                ),
+                None => format!(
+                    "out of memory in step {step} at micro-batch {micro_batch} x {seq_len} tokens; giving up"
+                ),
+            }),
+            Telemetry::Decision { step, decision } => match decision {
+                Decision::Resize {
+                    from,
+                    to,
+                    reason,
+                    usage,
+                    ..
+                } => Some(format!(
+                    "after step {step}: micro-batch {from} -> {to} ({reason:?} at {:.0}%)",
+                    usage * 100.0
+                )),
+                Decision::Warning { text, .. } => Some(format!("warn [memory]: {text}")),
+                _ => None,
+            },
+            Telemetry::ThresholdsChanged {
+                thresholds, source, ..
+            } if source != "config" => Some(format!("thresholds now {thresholds} ({source})")),
             _ => None,
         }
     }
@@ -145,6 +177,47 @@ mod tests {
             seq_len: 64,
             tokens_seen: n * 2048,
         })
+    }
+
+    #[test]
+    fn memory_events_get_a_line_each() {
+        use headroom_core::policy::ResizeReason;
+        let mut p = Progress::new(10);
+        let oom = p
+            .line(&Telemetry::Oom {
+                step: 7,
+                micro_batch: 64,
+                seq_len: 128,
+                retry_with: Some(32),
+                error: "CUDA out of memory".into(),
+            })
+            .unwrap();
+        assert!(
+            oom.contains("step 7") && oom.contains("retrying with 32"),
+            "{oom}"
+        );
+        let resize = p
+            .line(&Telemetry::Decision {
+                step: 9,
+                decision: Decision::Resize {
+                    from: 32,
+                    to: 48,
+                    reason: ResizeReason::Grow,
+                    usage: 0.61,
+                    predicted: Some(0.88),
+                },
+            })
+            .unwrap();
+        assert!(
+            resize.contains("32 -> 48") && resize.contains("61%"),
+            "{resize}"
+        );
+        assert!(p
+            .line(&Telemetry::Decision {
+                step: 9,
+                decision: Decision::EmptyCache { usage: 0.99 },
+            })
+            .is_none());
     }
 
     #[test]

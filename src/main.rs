@@ -60,6 +60,11 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
         config: config.clone(),
         inject_oom,
     };
+    if !headless {
+        // Before the trainer's own hook (installed by spawn), which then sees panics
+        // first: a recovered OOM panic stays quiet instead of reaching this one.
+        headroom_ui::install_panic_hook();
+    }
     let trainer = runner::spawn(opts, bus.clone(), cmd_rx).map_err(|e| anyhow::anyhow!("{e}"))?;
     let sampler = sampler::Sampler::start(bus.clone(), trainer.cuda_index(), config.run.sample_hz);
     forward_signals(cmd_tx.clone())?;
@@ -87,7 +92,6 @@ fn dashboard(
     commands: Sender<Command>,
     bus: &Bus,
 ) -> Result<StreamEnd> {
-    headroom_ui::install_panic_hook();
     let opts = headroom_ui::DashboardOptions::from_env(name);
     let exit = headroom_ui::run_dashboard(events, metrics, commands, bus.dropped_counter(), opts)
         .context("the dashboard failed")?;

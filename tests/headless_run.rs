@@ -1,7 +1,7 @@
 //! A real (tiny) training run through the binary, headless, with a JSONL log.
 mod common;
 
-use common::{of_kind, read_log, stderr, train_tiny};
+use common::{logged_steps, of_kind, read_log, stderr, train_tiny};
 
 #[test]
 fn headless_run_logs_every_step_and_checkpoints() {
@@ -14,10 +14,7 @@ fn headless_run_logs_every_step_and_checkpoints() {
     assert!(out.status.success(), "stderr: {err}");
 
     let log = read_log(&dir.path().join("logs/run.jsonl"));
-    let steps: Vec<u64> = of_kind(&log, "step")
-        .iter()
-        .map(|r| r["step"].as_u64().unwrap())
-        .collect();
+    let steps: Vec<u64> = logged_steps(&log);
     assert_eq!(
         steps,
         (1..=20).collect::<Vec<_>>(),

@@ -46,3 +46,11 @@ pub fn read_log(path: &Path) -> Vec<serde_json::Value> {
 pub fn of_kind<'a>(log: &'a [serde_json::Value], kind: &str) -> Vec<&'a serde_json::Value> {
     log.iter().filter(|r| r["kind"] == kind).collect()
 }
+
+/// The `step` numbers of a log's step records, in order.
+pub fn logged_steps(log: &[serde_json::Value]) -> Vec<u64> {
+    of_kind(log, "step")
+        .iter()
+        .map(|r| r["step"].as_u64().unwrap())
+        .collect()
+}

@@ -47,6 +47,45 @@ pub fn provoke(device: Device) -> TchError {
     }
 }
 
+/// Silences the panic message of an out-of-memory panic on the trainer thread.
+///
+/// tch's `f_*_scalar` calls panic instead of returning the error when the op fails (the
+/// temporary `Scalar`'s `Drop` finds libtorch's error first), so an OOM there arrives as a
+/// panic, which the runner catches and reports as an `oom` record. The default hook would
+/// print a scary message for a recovered event, and under `--hard-limit` it may need memory
+/// there is none of (a backtrace takes ~1 MiB), which aborts the process. This check reads
+/// the payload in place and allocates nothing. Other panics go to the previous hook.
+pub fn quiet_oom_panics() {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let payload = info.payload();
+            let text = payload
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+                .unwrap_or("");
+            let on_trainer = std::thread::current().name() == Some("trainer");
+            if !(on_trainer && is_oom_text_exact(text)) {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// [`is_capped_oom_message`] without allocating: libtorch's messages have a fixed case.
+fn is_oom_text_exact(text: &str) -> bool {
+    [
+        "out of memory",
+        "not enough memory",
+        "can't allocate memory",
+        "could not create a primitive",
+    ]
+    .iter()
+    .any(|m| text.contains(m))
+}
+
 /// Returns memory held for reuse: the CUDA allocator's cached blocks (`emptyCache`), or on
 /// the CPU glibc's free heap pages (`malloc_trim`), which otherwise keep the resident set
 /// (and a hard cap's count) at the old peak after a shrink.
@@ -81,6 +120,11 @@ pub fn held(device: Device) -> (&'static str, String) {
     )
 }
 
+/// The least a hard-capped budget must leave above the resident set at the start.
+/// Measured: with 6 MiB the sampler's own small allocations failed and the process
+/// aborted; with 10 MiB and more, every failure was libtorch's and was recovered.
+pub const HARD_LIMIT_ROOM: u64 = 32 << 20;
+
 /// Caps the process's data segment so that an allocation taking the resident set past
 /// `budget` bytes fails (RLIMIT_DATA counts address space, RSS counts touched pages: the
 /// cap is the data size now plus the budget left above the resident set now). Returns
@@ -90,11 +134,13 @@ pub fn set_hard_limit(budget: u64) -> Result<u64, String> {
     let rss = peak::status_kib("VmRSS:").ok_or("cannot read VmRSS from /proc/self/status")? * 1024;
     let data =
         peak::status_kib("VmData:").ok_or("cannot read VmData from /proc/self/status")? * 1024;
-    if budget <= rss {
+    if budget < rss + HARD_LIMIT_ROOM {
         return Err(format!(
-            "--memory-budget {} is below what the process already holds ({} resident before \
-             training); raise --memory-budget",
+            "--memory-budget {} leaves less than {} above what the process already holds \
+             ({} resident before training); the cap is process-wide, and a budget this tight \
+             makes any allocation fail, not just training's; raise --memory-budget",
             headroom_core::units::fmt_bytes(budget),
+            headroom_core::units::fmt_bytes(HARD_LIMIT_ROOM),
             headroom_core::units::fmt_bytes(rss)
         ));
     }

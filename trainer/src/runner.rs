@@ -131,6 +131,7 @@ pub fn spawn(
     bus: Bus,
     commands: Receiver<Command>,
 ) -> Result<TrainerHandle, TrainError> {
+    oom::quiet_oom_panics();
     let (ready_tx, ready_rx) = bounded::<Result<Device, TrainError>>(1);
     let thread = std::thread::Builder::new()
         .name("trainer".into())

@@ -4,8 +4,8 @@ use std::collections::VecDeque;
 
 use headroom_core::units::{fmt_bytes, fmt_duration};
 use headroom_core::{
-    Command, EvalMetrics, Level, RunInfo, RunStatus, RunSummary, StepMetrics, SystemSample,
-    Telemetry,
+    Command, EvalMetrics, Level, RunInfo, RunStatus, RunSummary, SegmentMap, StepMetrics,
+    SystemSample, Telemetry,
 };
 
 use crate::history::{History, Merge};
@@ -109,6 +109,8 @@ pub struct App {
     pub last_step: Option<StepMetrics>,
     pub last_eval: Option<EvalMetrics>,
     pub sample: Option<SystemSample>,
+    /// The allocator's latest segment map (CUDA runs).
+    pub segments: Option<SegmentMap>,
     pub summary: Option<RunSummary>,
     /// Training loss by step.
     pub loss: History,
@@ -138,6 +140,7 @@ impl App {
             last_step: None,
             last_eval: None,
             sample: None,
+            segments: None,
             summary: None,
             loss: History::new(HISTORY_POINTS, Merge::Mean),
             val_loss: History::new(HISTORY_POINTS, Merge::Mean),
@@ -204,6 +207,7 @@ impl App {
                     self.memory.push(self.elapsed, m.used as f64);
                 }
             }
+            Telemetry::Segments(map) => self.segments = Some(map.clone()),
             Telemetry::Status { status } => {
                 self.status = *status;
                 self.log(Level::Info, format!("status: {}", status.label()));

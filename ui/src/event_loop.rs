@@ -5,11 +5,12 @@
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, never, select, tick, Receiver, Sender};
+use crossbeam_channel::{bounded, never, select, tick, Receiver, Sender, TrySendError};
 use crossterm::event::{self, Event, KeyEventKind};
-use headroom_core::{Command, RunSummary, Telemetry};
+use headroom_core::{Command, Level, Notice, RunSummary, Telemetry};
 use ratatui::backend::{Backend, CrosstermBackend};
 use ratatui::Terminal;
 
@@ -57,17 +58,19 @@ pub fn run_dashboard(
     let guard = TerminalGuard::enter()?;
     let mut terminal = Terminal::new(CrosstermBackend::new(io::stdout()))?;
 
-    let (input, stop_input) = spawn_input_reader();
+    let input = InputReader::spawn()?;
     let result = drive(
         &mut terminal,
         &events,
         metrics,
         &commands,
         &dropped,
-        &input,
+        &input.events,
         &opts,
     );
-    stop_input.store(true, Ordering::SeqCst);
+    // Before the terminal goes back to the shell: a reader still running would swallow
+    // the user's next keystrokes.
+    input.finish();
     drop(guard);
     result
 }
@@ -97,8 +100,7 @@ pub fn drive<B: Backend>(
                     if let Some(action) = action_for(key) {
                         match app.handle(action) {
                             Reaction::Nothing => {}
-                            // The trainer may be inside a long step: queue, never block.
-                            Reaction::Send(cmd) => { let _ = commands.try_send(cmd); }
+                            Reaction::Send(cmd) => send_command(&mut app, commands, cmd),
                             Reaction::Exit => {
                                 exit.force_quit = !app.is_over();
                                 break;
@@ -130,9 +132,15 @@ pub fn drive<B: Backend>(
                 Err(_) => metrics = never(),
             },
             recv(frames) -> _ => {
-                app.set_elapsed(started.elapsed().as_secs_f64());
-                app.set_dropped(dropped.load(Ordering::Relaxed));
-                draw_now = dirty;
+                let now = started.elapsed().as_secs_f64();
+                let n_dropped = dropped.load(Ordering::Relaxed);
+                // The header's clock and the drop counter change with no telemetry at all
+                // (a paused run, a stalled sampler); redraw for them too.
+                let clock_moved = now.floor() != app.elapsed.floor();
+                let drops_moved = n_dropped != app.dropped;
+                app.set_elapsed(now);
+                app.set_dropped(n_dropped);
+                draw_now = dirty || clock_moved || drops_moved;
             },
         }
         if draw_now {
@@ -145,29 +153,61 @@ pub fn drive<B: Backend>(
     Ok(exit)
 }
 
+/// The trainer may be inside a long step: queue, never block.
+fn send_command(app: &mut App, commands: &Sender<Command>, cmd: Command) {
+    if let Err(TrySendError::Full(cmd)) = commands.try_send(cmd) {
+        // Said on screen: a key that silently did nothing would read as a hung trainer.
+        let text = format!(
+            "{cmd:?} not sent: the trainer's command queue is full ({} waiting)",
+            commands.len()
+        );
+        app.apply(&Telemetry::Notice(Notice::new(Level::Warn, "ui", text)));
+    }
+    // Disconnected: the trainer is gone, and the events channel says so next.
+}
+
 /// Reads terminal events on a thread of its own, polling so it can be told to stop.
-fn spawn_input_reader() -> (Receiver<io::Result<Event>>, Arc<AtomicBool>) {
-    let (tx, rx) = bounded(64);
-    let stop = Arc::new(AtomicBool::new(false));
-    let stop_flag = Arc::clone(&stop);
-    std::thread::Builder::new()
-        .name("input".into())
-        .spawn(move || {
-            while !stop_flag.load(Ordering::SeqCst) {
-                match event::poll(Duration::from_millis(50)) {
-                    Ok(true) => {
-                        if tx.send(event::read()).is_err() {
+struct InputReader {
+    events: Receiver<io::Result<Event>>,
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl InputReader {
+    fn spawn() -> io::Result<InputReader> {
+        let (tx, rx) = bounded(64);
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop_flag = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("input".into())
+            .spawn(move || {
+                while !stop_flag.load(Ordering::SeqCst) {
+                    match event::poll(Duration::from_millis(50)) {
+                        Ok(true) => {
+                            if tx.send(event::read()).is_err() {
+                                break;
+                            }
+                        }
+                        Ok(false) => {}
+                        Err(e) => {
+                            let _ = tx.send(Err(e));
                             break;
                         }
                     }
-                    Ok(false) => {}
-                    Err(e) => {
-                        let _ = tx.send(Err(e));
-                        break;
-                    }
                 }
-            }
+            })?;
+        Ok(InputReader {
+            events: rx,
+            stop,
+            thread,
         })
-        .expect("spawning the input thread");
-    (rx, stop)
+    }
+
+    /// Stops the reader and waits for it (one poll interval at most).
+    fn finish(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // A reader blocked on a full channel wakes with an error once this is gone.
+        drop(self.events);
+        let _ = self.thread.join();
+    }
 }

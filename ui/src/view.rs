@@ -1,6 +1,6 @@
 //! Drawing. Reads the [`App`] and nothing else: no I/O, no locks, no clocks.
 use headroom_core::units::{fmt_bytes, fmt_duration};
-use headroom_core::{Level, RunStatus};
+use headroom_core::{Level, RunStatus, Segment, SegmentMap};
 use ratatui::layout::{Alignment, Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::symbols::Marker;
@@ -23,12 +23,15 @@ pub fn render(frame: &mut Frame, app: &App) {
     // Tall terminals get dedicated allocator and host panels; at 80x24 their essentials
     // live in the memory panel.
     let detail_rows = if area.height >= 40 { 10 } else { 0 };
+    // The fixed panels need 19 rows besides the event log; on short terminals the log
+    // gives up rows, not the memory panel (else its allocator lines are cut).
+    let event_rows = area.height.saturating_sub(19).clamp(3, 7);
     let [header, top, details, charts, events, footer] = Layout::vertical([
         Constraint::Length(4),
         Constraint::Length(6),
         Constraint::Length(detail_rows),
         Constraint::Min(8),
-        Constraint::Length(7),
+        Constraint::Length(event_rows),
         Constraint::Length(1),
     ])
     .areas(area);
@@ -37,11 +40,28 @@ pub fn render(frame: &mut Frame, app: &App) {
     let [mem_chart, loss_chart] =
         Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(charts);
     if detail_rows > 0 {
-        let [alloc, host] =
-            Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)])
+        match &app.segments {
+            // The allocator panel's longest line is 48 columns: give it exactly that and
+            // the map the width left over, since wider bars resolve smaller blocks.
+            Some(map) => {
+                let [alloc, segments, host] = Layout::horizontal([
+                    Constraint::Length(50),
+                    Constraint::Percentage(40),
+                    Constraint::Min(0),
+                ])
                 .areas(details);
-        render_allocator(frame, app, alloc);
-        render_host(frame, app, host);
+                render_allocator(frame, app, alloc);
+                render_segments(frame, app, map, segments);
+                render_host(frame, app, host);
+            }
+            None => {
+                let [alloc, host] =
+                    Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)])
+                        .areas(details);
+                render_allocator(frame, app, alloc);
+                render_host(frame, app, host);
+            }
+        }
     }
 
     render_header(frame, app, header);
@@ -271,6 +291,115 @@ fn render_allocator(frame: &mut Frame, app: &App, area: Rect) {
     frame.render_widget(Paragraph::new(lines).block(block), area);
 }
 
+/// One row per segment: its size, then a bar of its blocks in address order, so free
+/// holes between live tensors (the fragmentation `emptyCache` cannot return) show up.
+fn render_segments(frame: &mut Frame, app: &App, map: &SegmentMap, area: Rect) {
+    let shown_bytes: u64 = map.segments.iter().map(|s| s.total_size).sum();
+    let title = if map.omitted_segments > 0 {
+        format!(
+            " segment map: {} largest of {} segments, {} ",
+            map.segments.len(),
+            map.segments.len() + map.omitted_segments,
+            fmt_bytes(shown_bytes + map.omitted_bytes)
+        )
+    } else {
+        format!(
+            " segment map: {} segments, {} ",
+            map.segments.len(),
+            fmt_bytes(shown_bytes)
+        )
+    };
+    let block = Block::bordered().title(title);
+    let inner = block.inner(area);
+    frame.render_widget(block, area);
+    let rows = inner.height as usize;
+    // " 8.00 GiB " before the bar, one space after it.
+    let bar_width = (inner.width as usize).saturating_sub(11);
+    if rows == 0 || bar_width == 0 {
+        return;
+    }
+    let hidden = map.segments.len().saturating_sub(rows);
+    // When not every segment fits, the last row says how many are missing.
+    let fit = if hidden > 0 { rows - 1 } else { rows };
+    let mut lines: Vec<Line> = map
+        .segments
+        .iter()
+        .take(fit)
+        .map(|seg| {
+            let mut spans = vec![Span::raw(format!(" {:>8} ", fmt_bytes(seg.total_size)))];
+            spans.extend(
+                segment_bar(seg, bar_width)
+                    .into_iter()
+                    .map(|(text, allocated)| {
+                        let color = if allocated {
+                            Color::Cyan
+                        } else {
+                            Color::DarkGray
+                        };
+                        Span::styled(text, fg(app, color))
+                    }),
+            );
+            Line::from(spans)
+        })
+        .collect();
+    if hidden > 0 {
+        let rest: u64 = map.segments[fit..].iter().map(|s| s.total_size).sum();
+        lines.push(Line::styled(
+            format!(
+                " +{} more segments, {}",
+                map.segments.len() - fit,
+                fmt_bytes(rest)
+            ),
+            fg(app, Color::DarkGray),
+        ));
+    }
+    frame.render_widget(Paragraph::new(lines), inner);
+}
+
+/// A segment drawn in `width` cells, as runs of equal cells: `(text, allocated)`. Each
+/// cell shows the state holding most of its bytes; a tie shows allocated, so a block
+/// straddling a cell boundary is not hidden by the free space next to it.
+pub fn segment_bar(seg: &Segment, width: usize) -> Vec<(String, bool)> {
+    let total: u128 = seg.runs.iter().map(|r| r.size as u128).sum();
+    if width == 0 || total == 0 {
+        return Vec::new();
+    }
+    let w = width as u128;
+    // In units of 1/width of a byte, cell i spans [i*total, (i+1)*total) and a run
+    // starting at byte b spans [b*width, ...): integer arithmetic, no rounding drift.
+    let mut out: Vec<(String, bool)> = Vec::new();
+    let mut run_idx = 0;
+    let mut run_start: u128 = 0;
+    for cell in 0..w {
+        let (lo, hi) = (cell * total, (cell + 1) * total);
+        let mut allocated_part: u128 = 0;
+        let mut i = run_idx;
+        let mut start = run_start;
+        while i < seg.runs.len() {
+            let end = start + seg.runs[i].size as u128 * w;
+            let overlap = end.min(hi).saturating_sub(start.max(lo));
+            if seg.runs[i].allocated {
+                allocated_part += overlap;
+            }
+            if end > hi {
+                break;
+            }
+            // This run ends inside the cell: later cells start from the next one.
+            i += 1;
+            start = end;
+            run_idx = i;
+            run_start = start;
+        }
+        let allocated = allocated_part * 2 >= total;
+        let symbol = if allocated { '█' } else { '░' };
+        match out.last_mut() {
+            Some((text, state)) if *state == allocated => text.push(symbol),
+            _ => out.push((symbol.to_string(), allocated)),
+        }
+    }
+    out
+}
+
 fn render_host(frame: &mut Frame, app: &App, area: Rect) {
     let block = Block::bordered().title(" host ");
     let Some(s) = app.sample.as_ref() else {
@@ -458,22 +587,44 @@ fn render_events(frame: &mut Frame, app: &App, area: Rect) {
     frame.render_widget(Paragraph::new(lines).block(block), area);
 }
 
+/// Keys the footer leaves out first when the line is short: navigation goes before the
+/// run's controls, and `?` (which lists everything) is never left out.
+const FOOTER_SHED_ORDER: [&str; 3] = ["w", "↑↓", "Tab"];
+
 fn render_footer(frame: &mut Frame, app: &App, area: Rect) {
+    let dropped = (app.dropped > 0).then(|| format!("dropped samples {}", app.dropped));
+    let reserved = dropped.as_ref().map_or(0, |d| d.chars().count() + 1);
+    let room = (area.width as usize).saturating_sub(reserved);
+    // " q " + " stop  ", as drawn below.
+    let width = |key: &str, short: &str| key.chars().count() + short.chars().count() + 5;
+    let keys: Vec<_> = BINDINGS.iter().take(7).collect();
+    let mut used: usize = keys.iter().map(|(k, s, _)| width(k, s)).sum();
+    let mut shed: Vec<&str> = Vec::new();
+    for key in FOOTER_SHED_ORDER {
+        if used <= room {
+            break;
+        }
+        if let Some((k, s, _)) = keys.iter().find(|(k, _, _)| *k == key) {
+            used -= width(k, s);
+            shed.push(key);
+        }
+    }
     let mut spans = Vec::new();
-    for (key, short, _) in BINDINGS.iter().take(7) {
+    for (key, short, _) in keys.iter().filter(|(k, _, _)| !shed.contains(k)) {
         spans.push(Span::styled(
             format!(" {key} "),
             fg(app, Color::Black).bg_if(app.color, Color::Gray),
         ));
         spans.push(Span::raw(format!(" {short}  ")));
     }
-    if app.dropped > 0 {
-        spans.push(Span::styled(
-            format!("dropped samples {}", app.dropped),
-            fg(app, Color::DarkGray),
-        ));
-    }
     frame.render_widget(Paragraph::new(Line::from(spans)), area);
+    if let Some(text) = dropped {
+        frame.render_widget(
+            Paragraph::new(Span::styled(text, fg(app, Color::DarkGray)))
+                .alignment(Alignment::Right),
+            area,
+        );
+    }
 }
 
 fn render_help(frame: &mut Frame, app: &App, area: Rect) {

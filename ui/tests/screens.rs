@@ -1,8 +1,8 @@
 //! Snapshot tests of whole screens, rendered with ratatui's TestBackend from scripted
 //! telemetry. A diff here is a visible change to what users see: review it.
 use headroom_core::{
-    AllocatorStats, EvalMetrics, GpuStats, HostStats, Level, Notice, RunConfig, RunInfo, RunStatus,
-    StepMetrics, SystemSample, Telemetry,
+    AllocatorStats, BlockRun, EvalMetrics, GpuStats, HostStats, Level, Notice, RunConfig, RunInfo,
+    RunStatus, Segment, SegmentMap, StepMetrics, SystemSample, Telemetry,
 };
 use headroom_ui::app::App;
 use headroom_ui::keys::Action;
@@ -140,6 +140,63 @@ fn main_screen_cuda() {
     assert!(text.contains("NVIDIA H100 80GB HBM3"));
     assert!(text.contains("frag 4.8%"), "fragmentation = 3/62 GiB");
     insta::assert_snapshot!(text);
+}
+
+fn segment_map() -> Telemetry {
+    let seg = |address: u64, gib_runs: &[(u64, bool)]| Segment {
+        address,
+        total_size: gib_runs.iter().map(|r| r.0 << 28).sum(),
+        pool: "large".into(),
+        runs: gib_runs
+            .iter()
+            .map(|&(quarters, allocated)| BlockRun {
+                size: quarters << 28,
+                allocated,
+            })
+            .collect(),
+    };
+    Telemetry::Segments(SegmentMap {
+        segments: vec![
+            seg(1, &[(16, true), (4, false), (8, true), (4, false)]),
+            seg(2, &[(40, true)]),
+            seg(3, &[(2, true), (6, false), (2, true), (6, false)]),
+        ],
+        omitted_segments: 0,
+        omitted_bytes: 0,
+    })
+}
+
+#[test]
+fn cuda_tall_screen_with_segment_map() {
+    let mut app = scripted("cuda:0", "cuda:0", cuda_sample);
+    app.apply(&segment_map());
+    insta::assert_snapshot!(draw(&app, 140, 44).backend());
+}
+
+#[test]
+fn segment_bars_scale_blocks_to_width() {
+    let seg = Segment {
+        total_size: 100,
+        runs: vec![
+            BlockRun {
+                size: 50,
+                allocated: true,
+            },
+            BlockRun {
+                size: 25,
+                allocated: false,
+            },
+            BlockRun {
+                size: 25,
+                allocated: true,
+            },
+        ],
+        ..Default::default()
+    };
+    let bar = headroom_ui::view::segment_bar(&seg, 8);
+    let text: String = bar.iter().map(|r| r.0.as_str()).collect();
+    assert_eq!(text, "████░░██");
+    assert_eq!(bar.len(), 3, "equal cells grouped");
 }
 
 #[test]

@@ -35,12 +35,26 @@ impl MemoryModel {
         self.fit = self.refit();
     }
 
+    /// Forgets every observation (the footprint changed under the fit).
+    pub fn clear(&mut self) {
+        self.points.clear();
+        self.fit = None;
+    }
+
     pub fn len(&self) -> usize {
         self.points.len()
     }
 
     pub fn is_empty(&self) -> bool {
         self.points.is_empty()
+    }
+
+    /// How many different sizes the window holds.
+    pub fn distinct_sizes(&self) -> usize {
+        let mut xs: Vec<u64> = self.points.iter().map(|p| p.0).collect();
+        xs.sort_unstable();
+        xs.dedup();
+        xs.len()
     }
 
     /// True once two different sizes were seen, so fixed and per-token parts separate.
