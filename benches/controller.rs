@@ -2,8 +2,11 @@
 //! usual ways of finding a batch size, on one model and one budget, CPU, with real
 //! out-of-memory errors (RLIMIT_DATA, the trainer's `--hard-limit`).
 //!
-//!     ./dev cargo bench --bench controller            # 40 optimizer steps per run
-//!     ./dev cargo bench --bench controller -- 60      # steps per run
+//!     ./dev cargo bench --bench controller                  # 40 optimizer steps per run
+//!     ./dev cargo bench --bench controller -- 60            # steps per run
+//!     ./dev cargo bench --bench controller -- ramp repeat=3 # one scenario, 3 runs each
+//!     ./dev cargo bench --bench controller -- mmap          # glibc returning freed memory
+//!     ./dev cargo bench --bench controller -- verbose       # each child's attempt trace
 //!
 //! Strategies (the effective batch is fixed at 256 sequences for all three; each picks
 //! only the micro-batch, and accumulates 256 / micro-batch of them per optimizer step):
@@ -179,6 +182,7 @@ fn run_headroom(cfg: RunConfig) -> Outcome {
                 step,
                 micro_batch,
                 seq_len,
+                error,
                 ..
             } => {
                 let a = Attempt {
@@ -190,7 +194,11 @@ fn run_headroom(cfg: RunConfig) -> Outcome {
                     usage: 0.0,
                 };
                 progress(&a);
+                eprintln!("  oom: {error}");
                 out.attempts.push(a);
+            }
+            Telemetry::Decision { step, decision } => {
+                eprintln!("decision after step {step}: {decision:?}")
             }
             Telemetry::Failed { reason } => out.failed = Some(reason),
             _ => {}
@@ -301,7 +309,6 @@ impl Loop {
         if !oom::is_capped_oom_message(&error) {
             panic!("step {step} at micro-batch {micro} failed, not out of memory: {error}");
         }
-        eprintln!("oom: {}", error.lines().next().unwrap_or_default());
         self.opt.zero_grad();
         let _ = oom::free_cached(Device::Cpu);
         let a = Attempt {
@@ -313,6 +320,7 @@ impl Loop {
             usage: 0.0,
         };
         progress(&a);
+        eprintln!("  oom: {}", error.lines().next().unwrap_or_default());
         self.out.attempts.push(a);
         Attempted::Oom
     }
@@ -508,15 +516,66 @@ fn child(spec: &str) {
 // ---------------------------------------------------------------------------------------
 // Parent: one child per (scenario, strategy), then the table.
 
-fn run_child(strategy: &str, scenario: &str, steps: u64) -> Value {
+/// What the parent was asked for.
+struct Args {
+    steps: u64,
+    scenarios: Vec<&'static str>,
+    repeats: usize,
+    /// Children run with `MALLOC_MMAP_THRESHOLD_` fixed (see `MMAP_THRESHOLD`).
+    mmap: bool,
+    /// Echo each child's per-attempt trace.
+    verbose: bool,
+}
+
+/// `MALLOC_MMAP_THRESHOLD_` of the `mmap` variant: glibc then serves every allocation
+/// above 64 KiB with its own mapping and unmaps it on free (a fixed threshold also stops
+/// glibc from raising it after frees), so the data segment the cap counts follows the
+/// live tensors instead of the heap's high-water mark.
+const MMAP_THRESHOLD: &str = "65536";
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        steps: 40,
+        scenarios: SCENARIOS.to_vec(),
+        repeats: 1,
+        mmap: false,
+        verbose: false,
+    };
+    let mut only = Vec::new();
+    for arg in std::env::args().skip(1) {
+        if let Ok(n) = arg.parse() {
+            a.steps = n;
+        } else if let Some(n) = arg.strip_prefix("repeat=").and_then(|n| n.parse().ok()) {
+            a.repeats = n;
+        } else if arg == "mmap" {
+            a.mmap = true;
+        } else if arg == "verbose" {
+            a.verbose = true;
+        } else if let Some(s) = SCENARIOS.into_iter().find(|s| *s == arg) {
+            only.push(s);
+        }
+        // Anything else (cargo's `--bench`) is not ours.
+    }
+    if !only.is_empty() {
+        a.scenarios = only;
+    }
+    a
+}
+
+fn run_child(strategy: &str, scenario: &str, args: &Args) -> Value {
     let exe = std::env::current_exe().expect("the bench executable");
     let t0 = Instant::now();
-    let out = Command::new(exe)
-        .env(CHILD_ENV, format!("{strategy}:{scenario}:{steps}"))
-        .output()
-        .expect("the child process");
+    let mut cmd = Command::new(exe);
+    cmd.env(CHILD_ENV, format!("{strategy}:{scenario}:{}", args.steps));
+    if args.mmap {
+        cmd.env("MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD);
+    }
+    let out = cmd.output().expect("the child process");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
+    if args.verbose {
+        eprintln!("---- {scenario} / {strategy}\n{stderr}");
+    }
     let result = stdout
         .lines()
         .find_map(|l| l.strip_prefix("RESULT "))
@@ -565,19 +624,23 @@ fn cell(v: &Value, key: &str) -> String {
     }
 }
 
-fn row(v: &Value) -> String {
+fn row(v: &Value, steps: u64) -> String {
     let converge = match (&v["converged_at_step"], &v["attempts_to_converge"]) {
-        (Value::Number(s), Value::Number(a)) => format!("step {s} ({a} attempts)"),
-        _ => "—".into(),
+        (Value::Number(s), Value::Number(a)) => format!("step {s} ({a})"),
+        _ => "never".into(),
     };
     let usage = |key: &str| {
         v[key]
             .as_f64()
             .map_or("—".into(), |u| format!("{:.1}%", u * 100.0))
     };
-    let crashes = match v["died"].as_str() {
-        Some(d) => d.to_string(),
-        None => cell(v, "crashes"),
+    let done = v["steps_done"].as_u64().unwrap_or(0);
+    let ended = if let Some(d) = v["died"].as_str() {
+        format!("{done}/{steps}: {d}")
+    } else if v["failed"].is_string() {
+        format!("{done}/{steps}: gave up")
+    } else {
+        format!("{done}/{steps}")
     };
     let loss = v["final_loss"]
         .as_f64()
@@ -586,12 +649,13 @@ fn row(v: &Value) -> String {
         .as_f64()
         .map_or("—".into(), |w| format!("{w:.1}"));
     format!(
-        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
         cell(v, "scenario"),
         cell(v, "strategy"),
+        ended,
         converge,
         cell(v, "ooms"),
-        crashes,
+        cell(v, "crashes"),
         cell(v, "final_micro"),
         usage("final_usage"),
         usage("max_usage"),
@@ -606,33 +670,38 @@ fn main() {
         child(&spec);
         return;
     }
-    let steps = std::env::args()
-        .skip(1)
-        .find_map(|a| a.parse::<u64>().ok())
-        .unwrap_or(40);
+    let args = parse_args();
+    let steps = args.steps;
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
         "batch-size strategies: default model (0.83M params), CPU ({cores} cores), budget \
          {BUDGET} as a hard cap (RLIMIT_DATA), effective batch {EFFECTIVE}, {steps} \
          optimizer steps; fixed = {SEQ_LEN} tokens, ramp = {MIN_SEQ_LEN} → {SEQ_LEN} over \
-         {} steps",
-        (steps / 2).max(1)
+         {} steps; allocator: glibc {}",
+        (steps / 2).max(1),
+        if args.mmap {
+            format!("with MALLOC_MMAP_THRESHOLD_={MMAP_THRESHOLD}")
+        } else {
+            "defaults".to_string()
+        }
     );
     let mut results = Vec::new();
-    for scenario in SCENARIOS {
-        for strategy in STRATEGIES {
-            results.push(run_child(strategy, scenario, steps));
+    for scenario in &args.scenarios {
+        for _ in 0..args.repeats {
+            for strategy in STRATEGIES {
+                results.push(run_child(strategy, scenario, &args));
+            }
         }
     }
     println!();
     println!(
-        "| scenario | strategy | converged (optimizer step; attempts incl. trials and OOMs) \
-         | OOMs | crashes / restarts | final micro-batch | final step peak / budget \
+        "| scenario | strategy | steps done | converged at (attempts) | OOMs \
+         | crashes / restarts | final micro-batch | final step peak / budget \
          | max step peak / budget | samples trained | wall s | final loss |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for v in &results {
-        println!("{}", row(v));
+        println!("{}", row(v, steps));
     }
     println!();
     println!("micro-batch per attempt (consecutive repeats folded; ! = out of memory):");
@@ -642,9 +711,10 @@ fn main() {
             cell(v, "scenario"),
             cell(v, "strategy"),
             cell(v, "path"),
-            v["failed"]
-                .as_str()
-                .map_or(String::new(), |f| format!(" (ended early: {f})"))
+            v["failed"].as_str().map_or(String::new(), |f| format!(
+                " (ended: {})",
+                f.split(';').next().unwrap_or_default()
+            ))
         );
     }
 }
