@@ -8,8 +8,10 @@ use headroom_core::{
     SystemSample, Telemetry,
 };
 
+use crate::editor::{next_profile, EditStatus, ThresholdEditor};
 use crate::history::{History, Merge};
-use crate::keys::Action;
+use crate::keys::{Action, KeyContext};
+use crate::policy::{is_refusal, PolicyState};
 
 /// Points kept per chart; halving keeps the whole run in this budget.
 const HISTORY_POINTS: usize = 512;
@@ -126,6 +128,10 @@ pub struct App {
     /// Entries of the event log scrolled past (0: the newest is on top).
     pub event_scroll: usize,
     pub window: Window,
+    /// Thresholds, step peaks and the controller's decisions.
+    pub policy: PolicyState,
+    /// The threshold editor, while it is open.
+    pub editor: Option<ThresholdEditor>,
 }
 
 impl App {
@@ -152,6 +158,16 @@ impl App {
             focus: Focus::Events,
             event_scroll: 0,
             window: Window::FiveMinutes,
+            policy: PolicyState::new(HISTORY_POINTS),
+            editor: None,
+        }
+    }
+
+    /// Which meaning keys have right now: the editor is modal.
+    pub fn key_context(&self) -> KeyContext {
+        match self.editor {
+            Some(_) => KeyContext::ThresholdEditor,
+            None => KeyContext::Dashboard,
         }
     }
 
@@ -170,6 +186,9 @@ impl App {
     }
 
     pub fn apply(&mut self, msg: &Telemetry) {
+        if let Some((level, text)) = self.policy.apply(self.elapsed, msg) {
+            self.log(level, text);
+        }
         match msg {
             Telemetry::RunStarted(info) => {
                 self.log(
@@ -216,7 +235,17 @@ impl App {
             Telemetry::CheckpointSaved { step, path } => {
                 self.log(Level::Info, format!("checkpoint at step {step}: {path}"))
             }
-            Telemetry::CommandApplied { applied, .. } => self.log(Level::Info, applied.clone()),
+            Telemetry::CommandApplied { command, applied } => {
+                self.command_applied(command, applied)
+            }
+            Telemetry::ThresholdsChanged { thresholds, .. } => {
+                // The values sent are in force: the edit is done.
+                if let Some(ed) = &self.editor {
+                    if ed.status == EditStatus::Sent(*thresholds) {
+                        self.editor = None;
+                    }
+                }
+            }
             Telemetry::Finished(s) => {
                 self.status = RunStatus::Finished;
                 let how = if s.stopped_by_user {
@@ -241,11 +270,15 @@ impl App {
 
     /// Applies a key's action; the caller sends the command, if any.
     pub fn handle(&mut self, action: Action) -> Reaction {
+        if let Some(reaction) = self.handle_editor(action) {
+            return reaction;
+        }
         match action {
             Action::Quit if self.stop_requested || self.is_over() => Reaction::Exit,
             Action::Quit => {
                 self.stop_requested = true;
                 self.show_help = false;
+                self.editor = None;
                 self.log(
                     Level::Info,
                     "stop requested: finishing the step and checkpointing (q again: quit now)",
@@ -293,7 +326,97 @@ impl App {
                 self.window = self.window.next();
                 Reaction::Nothing
             }
+            Action::EditThresholds if !self.is_over() => {
+                self.show_help = false;
+                // Starts from what is in force; before the trainer reported any, from the
+                // default it will most likely report.
+                let start = self.policy.thresholds.unwrap_or_default();
+                self.editor = Some(ThresholdEditor::new(start));
+                Reaction::Nothing
+            }
+            Action::CycleProfile if !self.is_over() => {
+                let next = next_profile(self.policy.profile);
+                Reaction::Send(Command::SetProfile { profile: next })
+            }
+            Action::TogglePin if self.policy.pinned && !self.is_over() => {
+                Reaction::Send(Command::Unpin)
+            }
+            Action::TogglePin => self.pin_at(|n| n),
+            Action::DoubleBatch => self.pin_at(|n| n.saturating_mul(2)),
+            Action::HalveBatch => self.pin_at(|n| n / 2),
+            Action::FreeCache if !self.is_over() => Reaction::Send(Command::FreeCache),
+            // A finished run takes no commands; the editor's keys need the editor.
+            Action::EditThresholds
+            | Action::CycleProfile
+            | Action::FreeCache
+            | Action::SelectThreshold(_)
+            | Action::AdjustThreshold(_)
+            | Action::ApplyThresholds => Reaction::Nothing,
         }
+    }
+
+    fn command_applied(&mut self, command: &Command, applied: &str) {
+        if !is_refusal(applied) {
+            self.log(Level::Info, applied);
+            return;
+        }
+        self.log(Level::Warn, applied);
+        // A refused threshold change is shown where it was made, with the draft kept so
+        // it can be fixed; the old values stay in force (nothing was confirmed).
+        let threshold_change = matches!(
+            command,
+            Command::SetThresholds { .. } | Command::SetProfile { .. }
+        );
+        if let (true, Some(ed)) = (threshold_change, &mut self.editor) {
+            ed.status = EditStatus::Refused(applied.to_string());
+        }
+    }
+
+    /// The micro-batch the next step runs at, as last reported.
+    pub fn micro_batch(&self) -> Option<usize> {
+        self.policy
+            .micro_batch()
+            .or(self.last_step.as_ref().map(|s| s.micro_batch))
+    }
+
+    /// Pins the micro-batch at `f(current)`; nothing when no step has reported one.
+    fn pin_at(&mut self, f: impl Fn(usize) -> usize) -> Reaction {
+        if self.is_over() {
+            return Reaction::Nothing;
+        }
+        match self.micro_batch() {
+            Some(n) => Reaction::Send(Command::PinMicroBatch {
+                micro_batch: f(n).max(1),
+            }),
+            None => {
+                self.log(Level::Warn, "no micro-batch to pin before the first step");
+                Reaction::Nothing
+            }
+        }
+    }
+
+    /// Keys of the threshold editor; `None` when it is not open.
+    fn handle_editor(&mut self, action: Action) -> Option<Reaction> {
+        let (over, help) = (self.is_over(), self.show_help);
+        let ed = self.editor.as_mut()?;
+        match action {
+            Action::SelectThreshold(by) => ed.select(by),
+            Action::AdjustThreshold(by) => ed.adjust(by),
+            Action::CycleProfile => ed.cycle_profile(),
+            // Nobody left to send it to.
+            Action::ApplyThresholds if over => self.editor = None,
+            Action::ApplyThresholds => {
+                // Checked here first so a typo is explained at once, with nothing sent.
+                return Some(match ed.submit() {
+                    Some(t) => Reaction::Send(Command::SetThresholds { thresholds: t }),
+                    None => Reaction::Nothing,
+                });
+            }
+            // Esc closes the help shown over the editor before the editor itself.
+            Action::Back if !help => self.editor = None,
+            _ => return None,
+        }
+        Some(Reaction::Nothing)
     }
 
     fn log(&mut self, level: Level, text: impl Into<String>) {
@@ -531,5 +654,263 @@ mod tests {
         app.apply(&Telemetry::Sample(sample));
         assert!(app.memory_now().unwrap().on_gpu);
         assert_eq!(app.memory.last().unwrap().1, 7.0);
+    }
+
+    mod memory_controls {
+        use super::*;
+        use crate::keys::action_for;
+        use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+        use headroom_core::policy::{Profile, Thresholds};
+
+        /// The way a key travels in the live loop: key → action (in the app's context)
+        /// → reaction.
+        fn press(app: &mut App, code: KeyCode) -> Reaction {
+            let key = KeyEvent::new(code, KeyModifiers::NONE);
+            match action_for(key, app.key_context()) {
+                Some(action) => app.handle(action),
+                None => Reaction::Nothing,
+            }
+        }
+
+        fn running_at(micro_batch: usize) -> App {
+            let mut app = App::new("t", false);
+            app.apply(&status(RunStatus::Running));
+            app.apply(&Telemetry::ThresholdsChanged {
+                thresholds: Thresholds::default(),
+                profile: Some(Profile::Balanced),
+                source: "config".into(),
+            });
+            app.apply(&Telemetry::Step(StepMetrics {
+                step: 3,
+                total_steps: 10,
+                loss: 1.0,
+                lr: 1e-3,
+                grad_norm: 1.0,
+                step_time_s: 0.1,
+                tokens_per_s: 1.0,
+                samples_per_s: 1.0,
+                micro_batch,
+                accum_steps: 2,
+                effective_batch: micro_batch * 2,
+                seq_len: 64,
+                tokens_seen: 0,
+            }));
+            app
+        }
+
+        fn confirm(app: &mut App, t: Thresholds, profile: Option<Profile>) {
+            app.apply(&Telemetry::ThresholdsChanged {
+                thresholds: t,
+                profile,
+                source: "command".into(),
+            });
+        }
+
+        #[test]
+        fn editor_sends_the_edited_thresholds_and_shows_them_only_once_confirmed() {
+            let mut app = running_at(16);
+            assert_eq!(press(&mut app, KeyCode::Char('t')), Reaction::Nothing);
+            assert_eq!(app.key_context(), KeyContext::ThresholdEditor);
+            // target 0.90 → 0.88 (down twice), then emergency (left wraps) up to 0.98.
+            press(&mut app, KeyCode::Down);
+            press(&mut app, KeyCode::Char('-'));
+            press(&mut app, KeyCode::Char('h'));
+            press(&mut app, KeyCode::Char('+'));
+            let want = Thresholds::new(0.88, 0.92, 0.95, 0.98).unwrap();
+            assert_eq!(
+                press(&mut app, KeyCode::Enter),
+                Reaction::Send(Command::SetThresholds { thresholds: want })
+            );
+            // Sent is not in force.
+            assert_eq!(app.policy.thresholds, Some(Thresholds::default()));
+            assert!(app.editor.is_some(), "open until the trainer answers");
+            confirm(&mut app, want, None);
+            assert_eq!(app.policy.thresholds, Some(want));
+            assert_eq!(app.policy.profile, None);
+            assert!(app.editor.is_none(), "closed by the confirmation");
+            assert_eq!(app.key_context(), KeyContext::Dashboard);
+        }
+
+        #[test]
+        fn an_invalid_draft_is_explained_and_nothing_is_sent() {
+            let mut app = running_at(16);
+            press(&mut app, KeyCode::Char('t'));
+            press(&mut app, KeyCode::Char('k'));
+            press(&mut app, KeyCode::Char('k')); // target 0.92 = warning
+            assert_eq!(press(&mut app, KeyCode::Enter), Reaction::Nothing);
+            let ed = app.editor.as_ref().unwrap();
+            let EditStatus::Refused(why) = &ed.status else {
+                panic!("{:?}", ed.status)
+            };
+            assert!(why.contains("must be greater than target"), "{why}");
+            assert_eq!(app.policy.thresholds, Some(Thresholds::default()));
+        }
+
+        #[test]
+        fn a_refusal_from_the_trainer_is_shown_in_the_editor_and_the_log() {
+            let mut app = running_at(16);
+            press(&mut app, KeyCode::Char('t'));
+            press(&mut app, KeyCode::Up);
+            let Reaction::Send(command) = press(&mut app, KeyCode::Enter) else {
+                panic!("valid draft not sent")
+            };
+            let text = "refused: threshold target = 0.91 is not allowed; 0.90,0.92,0.95,0.97 stay in force";
+            app.apply(&Telemetry::CommandApplied {
+                command,
+                applied: text.into(),
+            });
+            assert_eq!(
+                app.editor.as_ref().unwrap().status,
+                EditStatus::Refused(text.into())
+            );
+            assert_eq!(app.events[0].level, Level::Warn);
+            assert_eq!(app.policy.thresholds, Some(Thresholds::default()));
+        }
+
+        #[test]
+        fn esc_cancels_the_editor_and_sends_nothing() {
+            let mut app = running_at(16);
+            press(&mut app, KeyCode::Char('t'));
+            press(&mut app, KeyCode::Up);
+            // Run controls are inert while editing.
+            assert_eq!(press(&mut app, KeyCode::Char('q')), Reaction::Nothing);
+            assert!(!app.stop_requested);
+            assert_eq!(press(&mut app, KeyCode::Esc), Reaction::Nothing);
+            assert!(app.editor.is_none());
+            assert_eq!(app.policy.thresholds, Some(Thresholds::default()));
+        }
+
+        #[test]
+        fn esc_closes_help_over_the_editor_first() {
+            let mut app = running_at(16);
+            press(&mut app, KeyCode::Char('t'));
+            press(&mut app, KeyCode::Char('?'));
+            assert!(app.show_help && app.editor.is_some());
+            press(&mut app, KeyCode::Esc);
+            assert!(!app.show_help && app.editor.is_some());
+            press(&mut app, KeyCode::Esc);
+            assert!(app.editor.is_none());
+        }
+
+        #[test]
+        fn shift_p_cycles_the_draft_in_the_editor_and_sends_a_profile_outside() {
+            let mut app = running_at(16);
+            assert_eq!(
+                press(&mut app, KeyCode::Char('P')),
+                Reaction::Send(Command::SetProfile {
+                    profile: Profile::Conservative
+                })
+            );
+            press(&mut app, KeyCode::Char('t'));
+            assert_eq!(press(&mut app, KeyCode::Char('P')), Reaction::Nothing);
+            assert_eq!(
+                app.editor.as_ref().unwrap().draft,
+                Profile::Conservative.thresholds()
+            );
+            assert_eq!(
+                press(&mut app, KeyCode::Enter),
+                Reaction::Send(Command::SetThresholds {
+                    thresholds: Profile::Conservative.thresholds()
+                })
+            );
+        }
+
+        #[test]
+        fn b_pins_the_current_size_then_unpins_once_confirmed() {
+            let mut app = running_at(16);
+            let pin = press(&mut app, KeyCode::Char('b'));
+            assert_eq!(
+                pin,
+                Reaction::Send(Command::PinMicroBatch { micro_batch: 16 })
+            );
+            // Not pinned until the trainer says so: b again still asks to pin.
+            assert_eq!(press(&mut app, KeyCode::Char('b')), pin);
+            app.apply(&Telemetry::CommandApplied {
+                command: Command::PinMicroBatch { micro_batch: 16 },
+                applied: "micro-batch pinned at 16, 2 accumulation steps".into(),
+            });
+            assert!(app.policy.pinned);
+            assert_eq!(
+                press(&mut app, KeyCode::Char('b')),
+                Reaction::Send(Command::Unpin)
+            );
+        }
+
+        #[test]
+        fn plus_and_minus_pin_twice_and_half_the_current_size() {
+            let mut app = running_at(16);
+            assert_eq!(
+                press(&mut app, KeyCode::Char('+')),
+                Reaction::Send(Command::PinMicroBatch { micro_batch: 32 })
+            );
+            assert_eq!(
+                press(&mut app, KeyCode::Char('-')),
+                Reaction::Send(Command::PinMicroBatch { micro_batch: 8 })
+            );
+            // A resize the controller made is the new current size.
+            app.apply(&Telemetry::Decision {
+                step: 3,
+                decision: headroom_core::policy::Decision::Resize {
+                    from: 16,
+                    to: 1,
+                    reason: headroom_core::policy::ResizeReason::Critical,
+                    usage: 0.96,
+                    predicted: None,
+                },
+            });
+            assert_eq!(
+                press(&mut app, KeyCode::Char('-')),
+                Reaction::Send(Command::PinMicroBatch { micro_batch: 1 }),
+                "never below one"
+            );
+        }
+
+        #[test]
+        fn batch_keys_before_the_first_step_say_why_they_did_nothing() {
+            let mut app = App::new("t", false);
+            app.apply(&status(RunStatus::Running));
+            assert_eq!(press(&mut app, KeyCode::Char('b')), Reaction::Nothing);
+            assert!(app.events[0].text.contains("no micro-batch"));
+        }
+
+        #[test]
+        fn f_frees_the_cache_and_nothing_is_sent_once_the_run_is_over() {
+            let mut app = running_at(16);
+            assert_eq!(
+                press(&mut app, KeyCode::Char('f')),
+                Reaction::Send(Command::FreeCache)
+            );
+            app.apply(&Telemetry::Failed {
+                reason: "boom".into(),
+            });
+            for c in ['f', 'b', '+', 'P'] {
+                assert_eq!(press(&mut app, KeyCode::Char(c)), Reaction::Nothing, "{c}");
+            }
+            assert_eq!(press(&mut app, KeyCode::Char('t')), Reaction::Nothing);
+            assert!(app.editor.is_none());
+        }
+
+        #[test]
+        fn ooms_are_counted_marked_and_logged() {
+            let mut app = running_at(32);
+            app.set_elapsed(7.0);
+            app.apply(&Telemetry::Oom {
+                step: 41,
+                micro_batch: 32,
+                seq_len: 64,
+                retry_with: Some(16),
+                error: "out of memory".into(),
+            });
+            assert_eq!(app.policy.ooms, 1);
+            assert_eq!(
+                app.policy.marks.back().map(|m| (m.t, m.kind)),
+                Some((7.0, crate::policy::MarkKind::Oom))
+            );
+            assert_eq!(
+                app.events[0].text,
+                "step 41: out of memory at micro-batch 32 × 64 tokens, retrying with 16"
+            );
+            assert_eq!(app.micro_batch(), Some(16));
+        }
     }
 }

@@ -97,7 +97,7 @@ pub fn drive<B: Backend>(
         select! {
             recv(input) -> ev => match ev {
                 Ok(Ok(Event::Key(key))) if key.kind != KeyEventKind::Release => {
-                    if let Some(action) = action_for(key) {
+                    if let Some(action) = action_for(key, app.key_context()) {
                         match app.handle(action) {
                             Reaction::Nothing => {}
                             Reaction::Send(cmd) => send_command(&mut app, commands, cmd),

@@ -1,4 +1,8 @@
 //! Keys to actions: pure, so the mapping is tested without a terminal.
+//!
+//! The threshold editor is modal: while it is open the arrows, `hjkl`, `+`/`-` and Enter
+//! edit the draft instead of scrolling the log or resizing the batch, so the caller says
+//! which [`KeyContext`] a key arrives in.
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -8,7 +12,7 @@ pub enum Action {
     TogglePause,
     Checkpoint,
     ToggleHelp,
-    /// Close whatever overlay is open.
+    /// Close whatever overlay is open (the help first, then the editor).
     Back,
     FocusNext,
     FocusPrev,
@@ -18,15 +22,49 @@ pub enum Action {
     ScrollTop,
     /// Cycle the memory-history window (1m, 5m, 15m, whole run).
     CycleWindow,
+    /// Open the threshold editor.
+    EditThresholds,
+    /// Next profile: of the editor's draft when it is open, else sent to the trainer.
+    CycleProfile,
+    /// Pin the micro-batch at its current size, or unpin it when pinned.
+    TogglePin,
+    /// Pin the micro-batch at twice its current size.
+    DoubleBatch,
+    /// Pin the micro-batch at half its current size (at least 1).
+    HalveBatch,
+    /// Return cached allocator memory to the device.
+    FreeCache,
+    /// Editor: move the selection by this many thresholds (negative: left).
+    SelectThreshold(i32),
+    /// Editor: change the selected threshold by this many hundredths.
+    AdjustThreshold(i32),
+    /// Editor: validate the draft and send it.
+    ApplyThresholds,
 }
 
-pub fn action_for(key: KeyEvent) -> Option<Action> {
+/// Where a key arrives: the same key means different things in the editor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyContext {
+    Dashboard,
+    ThresholdEditor,
+}
+
+pub fn action_for(key: KeyEvent, context: KeyContext) -> Option<Action> {
     if key.kind == KeyEventKind::Release {
         return None;
     }
-    let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
-    match key.code {
-        KeyCode::Char('c') if ctrl => Some(Action::Quit),
+    // Ctrl-C stops the run from anywhere, editor included: it must never be swallowed.
+    if key.code == KeyCode::Char('c') && key.modifiers.contains(KeyModifiers::CONTROL) {
+        return Some(Action::Quit);
+    }
+    match context {
+        KeyContext::Dashboard => dashboard_action(key.code),
+        KeyContext::ThresholdEditor => editor_action(key.code),
+    }
+}
+
+fn dashboard_action(code: KeyCode) -> Option<Action> {
+    match code {
         KeyCode::Char('q') | KeyCode::Char('Q') => Some(Action::Quit),
         KeyCode::Char('p') | KeyCode::Char(' ') => Some(Action::TogglePause),
         KeyCode::Char('c') => Some(Action::Checkpoint),
@@ -40,25 +78,82 @@ pub fn action_for(key: KeyEvent) -> Option<Action> {
         KeyCode::PageUp => Some(Action::Scroll(-10)),
         KeyCode::Home | KeyCode::Char('g') => Some(Action::ScrollTop),
         KeyCode::Char('w') => Some(Action::CycleWindow),
+        KeyCode::Char('t') => Some(Action::EditThresholds),
+        // Shift-p: a deliberate chord, since it changes the run's policy at once.
+        KeyCode::Char('P') => Some(Action::CycleProfile),
+        KeyCode::Char('b') => Some(Action::TogglePin),
+        // `=` is `+` without Shift on most layouts, as in zoom keys.
+        KeyCode::Char('+') | KeyCode::Char('=') => Some(Action::DoubleBatch),
+        KeyCode::Char('-') => Some(Action::HalveBatch),
+        KeyCode::Char('f') => Some(Action::FreeCache),
+        _ => None,
+    }
+}
+
+fn editor_action(code: KeyCode) -> Option<Action> {
+    match code {
+        KeyCode::Esc => Some(Action::Back),
+        KeyCode::Enter => Some(Action::ApplyThresholds),
+        KeyCode::Left | KeyCode::Char('h') | KeyCode::BackTab => Some(Action::SelectThreshold(-1)),
+        KeyCode::Right | KeyCode::Char('l') | KeyCode::Tab => Some(Action::SelectThreshold(1)),
+        KeyCode::Up | KeyCode::Char('k') | KeyCode::Char('+') | KeyCode::Char('=') => {
+            Some(Action::AdjustThreshold(1))
+        }
+        KeyCode::Down | KeyCode::Char('j') | KeyCode::Char('-') => {
+            Some(Action::AdjustThreshold(-1))
+        }
+        KeyCode::Char('P') => Some(Action::CycleProfile),
+        KeyCode::Char('?') | KeyCode::F(1) => Some(Action::ToggleHelp),
+        // Everything else, `q` included, is inert while editing: a stray key must not
+        // stop the run or resize the batch behind the editor.
         _ => None,
     }
 }
 
 /// The key line (short label) and the help overlay (full text) are built from this one
-/// table, so they cannot disagree.
+/// table, so they cannot disagree: (key, short label, description).
 pub const BINDINGS: &[(&str, &str, &str)] = &[
     (
         "q",
         "stop",
         "stop: finish the step, checkpoint, summary (q again: quit now)",
     ),
-    ("p", "pause", "pause / resume at the next step boundary"),
+    (
+        "p",
+        "pause",
+        "pause / resume at the next step boundary (Space too)",
+    ),
     ("c", "checkpoint", "write a checkpoint now"),
+    (
+        "t",
+        "thresholds",
+        "edit thresholds: target, warning, critical, emergency",
+    ),
+    (
+        "P",
+        "profile",
+        "next threshold profile: aggressive, balanced, conservative",
+    ),
+    (
+        "b",
+        "pin",
+        "pin the micro-batch at its current size / unpin it",
+    ),
+    (
+        "+/-",
+        "batch",
+        "pin the micro-batch at twice / half its size",
+    ),
+    (
+        "f",
+        "free cache",
+        "return cached allocator memory to the device now",
+    ),
     ("Tab", "focus", "focus the next panel (Shift-Tab: previous)"),
     (
         "↑↓",
         "scroll",
-        "scroll the event log (j/k too; PgUp/PgDn by ten, Home/g: newest)",
+        "scroll the event log (j/k; PgUp/PgDn by ten; Home/g: newest)",
     ),
     (
         "w",
@@ -66,7 +161,36 @@ pub const BINDINGS: &[(&str, &str, &str)] = &[
         "memory-history window: 1m, 5m, 15m, whole run",
     ),
     ("?", "help", "this help"),
-    ("Esc", "close", "close help"),
+    ("Esc", "close", "close the help or the threshold editor"),
+];
+
+/// The threshold editor's keys, in the same shape: its footer and its own help line.
+pub const EDITOR_BINDINGS: &[(&str, &str, &str)] = &[
+    (
+        "←→",
+        "select",
+        "select target / warning / critical / emergency (h/l, Tab)",
+    ),
+    (
+        "↑↓",
+        "±0.01",
+        "raise / lower the selected threshold by 0.01 (k/j, +/-)",
+    ),
+    (
+        "P",
+        "profile",
+        "load the next profile's thresholds into the draft",
+    ),
+    (
+        "Enter",
+        "apply",
+        "check the draft and send it to the trainer",
+    ),
+    (
+        "Esc",
+        "cancel",
+        "close the editor; the thresholds in force stay",
+    ),
 ];
 
 #[cfg(test)]
@@ -77,52 +201,146 @@ mod tests {
         KeyEvent::new(code, KeyModifiers::NONE)
     }
 
-    #[test]
-    fn maps_conventional_keys() {
-        assert_eq!(action_for(key(KeyCode::Char('q'))), Some(Action::Quit));
-        assert_eq!(
-            action_for(key(KeyCode::Char('p'))),
-            Some(Action::TogglePause)
-        );
-        assert_eq!(
-            action_for(key(KeyCode::Char('c'))),
-            Some(Action::Checkpoint)
-        );
-        assert_eq!(
-            action_for(key(KeyCode::Char('?'))),
-            Some(Action::ToggleHelp)
-        );
-        assert_eq!(action_for(key(KeyCode::Esc)), Some(Action::Back));
-        assert_eq!(action_for(key(KeyCode::Char('x'))), None);
+    fn dash(code: KeyCode) -> Option<Action> {
+        action_for(key(code), KeyContext::Dashboard)
+    }
+
+    fn edit(code: KeyCode) -> Option<Action> {
+        action_for(key(code), KeyContext::ThresholdEditor)
     }
 
     #[test]
-    fn ctrl_c_quits_but_plain_c_checkpoints() {
+    fn maps_conventional_keys() {
+        assert_eq!(dash(KeyCode::Char('q')), Some(Action::Quit));
+        assert_eq!(dash(KeyCode::Char('p')), Some(Action::TogglePause));
+        assert_eq!(dash(KeyCode::Char(' ')), Some(Action::TogglePause));
+        assert_eq!(dash(KeyCode::Char('c')), Some(Action::Checkpoint));
+        assert_eq!(dash(KeyCode::Char('?')), Some(Action::ToggleHelp));
+        assert_eq!(dash(KeyCode::Esc), Some(Action::Back));
+        assert_eq!(dash(KeyCode::Char('x')), None);
+    }
+
+    #[test]
+    fn memory_keys_map_to_their_actions() {
+        assert_eq!(dash(KeyCode::Char('t')), Some(Action::EditThresholds));
+        assert_eq!(dash(KeyCode::Char('b')), Some(Action::TogglePin));
+        assert_eq!(dash(KeyCode::Char('+')), Some(Action::DoubleBatch));
+        assert_eq!(dash(KeyCode::Char('=')), Some(Action::DoubleBatch));
+        assert_eq!(dash(KeyCode::Char('-')), Some(Action::HalveBatch));
+        assert_eq!(dash(KeyCode::Char('f')), Some(Action::FreeCache));
+        // Terminals report Shift-p as an upper-case P, with or without the modifier.
+        assert_eq!(dash(KeyCode::Char('P')), Some(Action::CycleProfile));
+        let shift_p = KeyEvent::new(KeyCode::Char('P'), KeyModifiers::SHIFT);
+        assert_eq!(
+            action_for(shift_p, KeyContext::Dashboard),
+            Some(Action::CycleProfile)
+        );
+        // Lower-case p still pauses: the profile needs the deliberate chord.
+        assert_ne!(dash(KeyCode::Char('p')), Some(Action::CycleProfile));
+    }
+
+    #[test]
+    fn ctrl_c_quits_everywhere_but_plain_c_checkpoints() {
         let ctrl_c = KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL);
-        assert_eq!(action_for(ctrl_c), Some(Action::Quit));
+        assert_eq!(
+            action_for(ctrl_c, KeyContext::Dashboard),
+            Some(Action::Quit)
+        );
+        assert_eq!(
+            action_for(ctrl_c, KeyContext::ThresholdEditor),
+            Some(Action::Quit)
+        );
+        assert_eq!(dash(KeyCode::Char('c')), Some(Action::Checkpoint));
     }
 
     #[test]
     fn navigation_keys_accept_arrows_and_hjkl() {
-        assert_eq!(action_for(key(KeyCode::Down)), Some(Action::Scroll(1)));
-        assert_eq!(action_for(key(KeyCode::Char('j'))), Some(Action::Scroll(1)));
-        assert_eq!(
-            action_for(key(KeyCode::Char('k'))),
-            Some(Action::Scroll(-1))
-        );
-        assert_eq!(action_for(key(KeyCode::PageUp)), Some(Action::Scroll(-10)));
-        assert_eq!(action_for(key(KeyCode::Tab)), Some(Action::FocusNext));
-        assert_eq!(action_for(key(KeyCode::BackTab)), Some(Action::FocusPrev));
-        assert_eq!(
-            action_for(key(KeyCode::Char('w'))),
-            Some(Action::CycleWindow)
-        );
+        assert_eq!(dash(KeyCode::Down), Some(Action::Scroll(1)));
+        assert_eq!(dash(KeyCode::Char('j')), Some(Action::Scroll(1)));
+        assert_eq!(dash(KeyCode::Char('k')), Some(Action::Scroll(-1)));
+        assert_eq!(dash(KeyCode::PageUp), Some(Action::Scroll(-10)));
+        assert_eq!(dash(KeyCode::Tab), Some(Action::FocusNext));
+        assert_eq!(dash(KeyCode::BackTab), Some(Action::FocusPrev));
+        assert_eq!(dash(KeyCode::Char('w')), Some(Action::CycleWindow));
+    }
+
+    #[test]
+    fn the_editor_takes_arrows_hjkl_plus_minus_and_enter() {
+        for (code, want) in [
+            (KeyCode::Left, Action::SelectThreshold(-1)),
+            (KeyCode::Char('h'), Action::SelectThreshold(-1)),
+            (KeyCode::Right, Action::SelectThreshold(1)),
+            (KeyCode::Char('l'), Action::SelectThreshold(1)),
+            (KeyCode::Tab, Action::SelectThreshold(1)),
+            (KeyCode::Up, Action::AdjustThreshold(1)),
+            (KeyCode::Char('k'), Action::AdjustThreshold(1)),
+            (KeyCode::Char('+'), Action::AdjustThreshold(1)),
+            (KeyCode::Down, Action::AdjustThreshold(-1)),
+            (KeyCode::Char('j'), Action::AdjustThreshold(-1)),
+            (KeyCode::Char('-'), Action::AdjustThreshold(-1)),
+            (KeyCode::Enter, Action::ApplyThresholds),
+            (KeyCode::Esc, Action::Back),
+            (KeyCode::Char('P'), Action::CycleProfile),
+        ] {
+            assert_eq!(edit(code), Some(want), "{code:?}");
+        }
+    }
+
+    #[test]
+    fn the_editor_swallows_run_controls() {
+        for c in ['q', 'p', 'c', 'b', 'f', 't', 'w', ' '] {
+            assert_eq!(
+                edit(KeyCode::Char(c)),
+                None,
+                "{c:?} must be inert while editing"
+            );
+        }
+    }
+
+    #[test]
+    fn no_two_bindings_share_a_key() {
+        for table in [BINDINGS, EDITOR_BINDINGS] {
+            let mut keys: Vec<&str> = table.iter().map(|b| b.0).collect();
+            keys.sort();
+            let before = keys.len();
+            keys.dedup();
+            assert_eq!(keys.len(), before, "duplicate key in {table:?}");
+        }
+    }
+
+    /// Every key the table names reaches an action, so the help never lists a dead key.
+    #[test]
+    fn every_listed_key_does_something() {
+        let codes = |k: &str| -> Vec<KeyCode> {
+            match k {
+                "Tab" => vec![KeyCode::Tab],
+                "Esc" => vec![KeyCode::Esc],
+                "Enter" => vec![KeyCode::Enter],
+                "↑↓" => vec![KeyCode::Up, KeyCode::Down],
+                "←→" => vec![KeyCode::Left, KeyCode::Right],
+                "+/-" => vec![KeyCode::Char('+'), KeyCode::Char('-')],
+                k => k.chars().map(KeyCode::Char).collect(),
+            }
+        };
+        for (table, context) in [
+            (BINDINGS, KeyContext::Dashboard),
+            (EDITOR_BINDINGS, KeyContext::ThresholdEditor),
+        ] {
+            for (k, _, _) in table {
+                for code in codes(k) {
+                    assert!(
+                        action_for(key(code), context).is_some(),
+                        "{k} ({code:?}) is listed but unmapped in {context:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
     fn key_releases_are_ignored() {
         let mut k = key(KeyCode::Char('q'));
         k.kind = KeyEventKind::Release;
-        assert_eq!(action_for(k), None);
+        assert_eq!(action_for(k, KeyContext::Dashboard), None);
     }
 }

@@ -110,7 +110,14 @@ mod tests {
             matches!(joined, Ok(Err(_))),
             "the thread must have panicked"
         );
-        let held = take_deferred();
+        // Tests run in parallel: another test that panicked inside this window was held
+        // too. Its message is printed, not swallowed, and does not fail this test.
+        let (held, others): (Vec<String>, Vec<String>) = take_deferred()
+            .into_iter()
+            .partition(|m| m.starts_with("thread 'trainer' "));
+        for message in others {
+            eprintln!("{message}");
+        }
         assert_eq!(held.len(), 1, "{held:?}");
         assert!(
             held[0].starts_with("thread 'trainer' panicked at"),

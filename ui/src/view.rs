@@ -1,6 +1,12 @@
 //! Drawing. Reads the [`App`] and nothing else: no I/O, no locks, no clocks.
+mod editor;
+mod footer;
+mod gauge;
+mod text;
+mod usage_chart;
+
 use headroom_core::units::{fmt_bytes, fmt_duration};
-use headroom_core::{Level, RunStatus, Segment, SegmentMap};
+use headroom_core::{Level, RunStatus, Segment, SegmentMap, StepMemory};
 use ratatui::layout::{Alignment, Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::symbols::Marker;
@@ -9,7 +15,9 @@ use ratatui::widgets::{Axis, Block, Chart, Clear, Dataset, Gauge, GraphType, Par
 use ratatui::Frame;
 
 use crate::app::{App, Focus};
-use crate::keys::BINDINGS;
+use crate::describe::{decision_headline, decision_reason};
+use crate::keys::{BINDINGS, EDITOR_BINDINGS};
+use text::{ellipsize, first_fitting, keep_most_important};
 
 pub const MIN_WIDTH: u16 = 80;
 pub const MIN_HEIGHT: u16 = 24;
@@ -23,12 +31,15 @@ pub fn render(frame: &mut Frame, app: &App) {
     // Tall terminals get dedicated allocator and host panels; at 80x24 their essentials
     // live in the memory panel.
     let detail_rows = if area.height >= 40 { 10 } else { 0 };
-    // The fixed panels need 19 rows besides the event log; on short terminals the log
-    // gives up rows, not the memory panel (else its allocator lines are cut).
-    let event_rows = area.height.saturating_sub(19).clamp(3, 7);
+    // At 24 rows the memory and training panels get 5 lines each and shed their least
+    // useful ones (see `keep_most_important`); one more row lets them show everything.
+    let top_rows = if area.height >= 26 { 8 } else { 7 };
+    // Header, footer and the charts' 8 rows besides these; on short terminals the log
+    // gives up rows first, down to two entries.
+    let event_rows = area.height.saturating_sub(13 + top_rows).clamp(3, 7);
     let [header, top, details, charts, events, footer] = Layout::vertical([
         Constraint::Length(4),
-        Constraint::Length(6),
+        Constraint::Length(top_rows),
         Constraint::Length(detail_rows),
         Constraint::Min(8),
         Constraint::Length(event_rows),
@@ -71,6 +82,9 @@ pub fn render(frame: &mut Frame, app: &App) {
     render_loss_chart(frame, app, loss_chart);
     render_events(frame, app, events);
     render_footer(frame, app, footer);
+    if let Some(ed) = &app.editor {
+        editor::render(frame, app, ed, area);
+    }
     if app.show_help {
         render_help(frame, app, area);
     }
@@ -88,7 +102,7 @@ fn panel<'a>(app: &App, focus: Focus, title: String) -> Block<'a> {
 }
 
 /// A style that is plain when colour is off (NO_COLOR).
-fn fg(app: &App, color: Color) -> Style {
+pub(crate) fn fg(app: &App, color: Color) -> Style {
     if app.color {
         Style::default().fg(color)
     } else {
@@ -145,6 +159,19 @@ fn render_header(frame: &mut Frame, app: &App, area: Rect) {
         .as_ref()
         .map(|i| format!(" · {:.2}M params", i.parameters as f64 / 1e6))
         .unwrap_or_default();
+    // At 80 columns the device line sheds the parameter count, then steps/s.
+    let cols = area.width.saturating_sub(2) as usize;
+    let device = app.device_line();
+    let about = [
+        format!("{device}{params} · {throughput}"),
+        format!("{device} · {throughput}"),
+        format!(
+            "{device} · {}",
+            throughput
+                .rsplit_once(" · ")
+                .map_or(throughput.as_str(), |t| t.0)
+        ),
+    ];
     let lines = vec![
         Line::from(vec![
             status,
@@ -152,22 +179,101 @@ fn render_header(frame: &mut Frame, app: &App, area: Rect) {
             Span::raw(app.progress_line()),
             Span::raw(format!("  elapsed {}", fmt_duration(app.elapsed))),
         ]),
-        Line::from(format!("{}{params} · {throughput}", app.device_line())),
+        Line::from(first_fitting(&about, cols)),
     ];
     frame.render_widget(Paragraph::new(lines).block(block), area);
 }
 
+fn level_color(level: Level) -> Color {
+    match level {
+        Level::Info => Color::Green,
+        Level::Warn => Color::Yellow,
+        Level::Error => Color::Red,
+    }
+}
+
 fn render_memory(frame: &mut Frame, app: &App, area: Rect) {
-    let block = Block::bordered().title(" memory now ");
+    let title = match app.policy.limit_bytes() {
+        Some(limit) => format!(" memory · limit {} ", fmt_bytes(limit)),
+        None => " memory now ".to_string(),
+    };
+    let block = Block::bordered().title(title);
     let inner = block.inner(area);
     frame.render_widget(block, area);
-    let [gauge_area, text_area] =
-        Layout::vertical([Constraint::Length(1), Constraint::Min(1)]).areas(inner);
-
-    let Some(mem) = app.memory_now() else {
-        frame.render_widget(Paragraph::new("waiting for the first sample…"), inner);
+    if inner.height == 0 {
         return;
+    }
+    let [gauge_area, text_area] =
+        Layout::vertical([Constraint::Length(1), Constraint::Min(0)]).areas(inner);
+    let cols = inner.width as usize;
+
+    let lines = match (&app.policy.last_memory, app.memory_now()) {
+        (Some(m), _) => {
+            render_step_gauge(frame, app, m, gauge_area);
+            memory_lines(app, m, cols)
+        }
+        (None, Some(mem)) => {
+            render_sample_gauge(frame, app, mem, gauge_area);
+            // No marks yet: this gauge is against all the memory there is, and the
+            // thresholds are fractions of the limit (on the CPU, the smaller budget).
+            let mut lines: Vec<(u8, Line)> = app
+                .policy
+                .thresholds
+                .map(|t| {
+                    let name = app.policy.profile.map_or("custom", |p| p.name());
+                    let text = [
+                        format!("thresholds {t} of the limit ({name})"),
+                        format!("thresholds {t} ({name})"),
+                        format!("thresholds {t}"),
+                    ];
+                    let text = first_fitting(&text, cols);
+                    (0, Line::styled(text, fg(app, Color::DarkGray)))
+                })
+                .into_iter()
+                .collect();
+            lines.push((
+                1,
+                Line::from(format!(
+                    "headroom {} free",
+                    fmt_bytes(mem.capacity.saturating_sub(mem.used))
+                )),
+            ));
+            lines.extend(sample_lines(app, cols));
+            lines
+        }
+        (None, None) => {
+            frame.render_widget(Paragraph::new("waiting for the first sample…"), inner);
+            return;
+        }
     };
+    let rows = text_area.height as usize;
+    frame.render_widget(Paragraph::new(keep_most_important(lines, rows)), text_area);
+}
+
+/// The last step's peak against the limit, coloured by the thresholds it crossed.
+fn render_step_gauge(frame: &mut Frame, app: &App, m: &StepMemory, area: Rect) {
+    let color = level_color(app.policy.severity(m.usage));
+    let what = if app.memory_now().is_some_and(|n| n.on_gpu) {
+        "GPU peak"
+    } else {
+        "step peak"
+    };
+    frame.render_widget(
+        Gauge::default()
+            .gauge_style(fg(app, color))
+            .ratio(m.usage.clamp(0.0, 1.0))
+            .label(format!(
+                "{what} {} / {} ({:.1}%)",
+                fmt_bytes(m.peak_bytes),
+                fmt_bytes(m.limit_bytes),
+                m.usage * 100.0
+            )),
+        area,
+    );
+}
+
+/// Before the first step's peak: the sampler's figure against all the memory there is.
+fn render_sample_gauge(frame: &mut Frame, app: &App, mem: crate::app::MemoryNow, area: Rect) {
     let ratio = if mem.capacity > 0 {
         (mem.used as f64 / mem.capacity as f64).clamp(0.0, 1.0)
     } else {
@@ -189,46 +295,107 @@ fn render_memory(frame: &mut Frame, app: &App, area: Rect) {
                 fmt_bytes(mem.capacity),
                 ratio * 100.0
             )),
-        gauge_area,
+        area,
     );
+}
 
-    let sample = app.sample.as_ref();
-    let mut lines = vec![Line::from(format!(
-        "headroom {} free",
-        fmt_bytes(mem.capacity.saturating_sub(mem.used))
-    ))];
-    match sample.and_then(|s| s.allocator.as_ref()) {
+/// The threshold marks under the gauge, once the trainer has said which are in force.
+fn thresholds_row(app: &App, cols: usize) -> Option<(u8, Line<'static>)> {
+    let t = app.policy.thresholds?;
+    Some((0, gauge::marks_line(app, &t, app.policy.profile, cols)))
+}
+
+/// Ranked lines under the step gauge (lower rank stays longer on short terminals).
+fn memory_lines(app: &App, m: &StepMemory, cols: usize) -> Vec<(u8, Line<'static>)> {
+    let mut lines: Vec<(u8, Line)> = thresholds_row(app, cols).into_iter().collect();
+    if let Some((level, texts)) = app.policy.risk() {
+        let style = match level {
+            Level::Info => Style::default(),
+            other => fg(app, level_color(other)).add_modifier(Modifier::BOLD),
+        };
+        lines.push((0, Line::styled(first_fitting(&texts, cols), style)));
+    }
+    let room = match app.policy.headroom() {
+        Some((to_target, to_limit)) => {
+            let target = if to_target >= 0 {
+                format!("{} to target", fmt_bytes(to_target as u64))
+            } else {
+                format!("{} over target", fmt_bytes(to_target.unsigned_abs()))
+            };
+            vec![
+                format!("headroom {target} · {} to the limit", fmt_bytes(to_limit)),
+                format!("headroom {target} · {} to limit", fmt_bytes(to_limit)),
+                format!("{target} · {} to limit", fmt_bytes(to_limit)),
+            ]
+        }
+        None => vec![format!(
+            "headroom {} to the limit",
+            fmt_bytes(m.limit_bytes.saturating_sub(m.peak_bytes))
+        )],
+    };
+    lines.push((1, Line::from(first_fitting(&room, cols))));
+    lines.extend(sample_lines(app, cols));
+    lines
+}
+
+/// The sampler's view: allocator figures on CUDA, the process and host on the CPU.
+fn sample_lines(app: &App, cols: usize) -> Vec<(u8, Line<'static>)> {
+    let Some(sample) = app.sample.as_ref() else {
+        return Vec::new();
+    };
+    match &sample.allocator {
         Some(a) => {
-            lines.push(Line::from(format!(
-                "alloc {} · reserved {} · frag {:.1}% · unused {:.1}%",
-                fmt_bytes(a.allocated),
-                fmt_bytes(a.reserved),
-                a.fragmentation() * 100.0,
-                a.unused_reserved() * 100.0
-            )));
-            lines.push(Line::from(format!(
-                "peak alloc {} · retries {} · OOMs {}",
-                fmt_bytes(a.allocated_peak),
-                a.num_alloc_retries,
-                a.num_ooms
-            )));
+            let (alloc, reserved) = (fmt_bytes(a.allocated), fmt_bytes(a.reserved));
+            let frag = format!("frag {:.1}%", a.fragmentation() * 100.0);
+            let usage = [
+                format!(
+                    "alloc {alloc} · reserved {reserved} · {frag} · unused {:.1}%",
+                    a.unused_reserved() * 100.0
+                ),
+                format!("alloc {alloc} · reserved {reserved} · {frag}"),
+                format!("alloc {alloc} · rsv {reserved} · {frag}"),
+            ];
+            let peak = fmt_bytes(a.allocated_peak);
+            let (retries, ooms) = (a.num_alloc_retries, a.num_ooms);
+            let events = [
+                format!("peak alloc {peak} · retries {retries} · OOMs {ooms}"),
+                format!("peak {peak} · retries {retries} · OOMs {ooms}"),
+            ];
+            vec![
+                (2, Line::from(first_fitting(&usage, cols))),
+                (3, Line::from(first_fitting(&events, cols))),
+            ]
         }
         None => {
-            if let Some(s) = sample {
-                lines.push(Line::from(format!(
-                    "host {} / {} · cpu {:.0}%",
-                    fmt_bytes(s.host.mem_used),
-                    fmt_bytes(s.host.mem_total),
-                    s.host.cpu_percent
-                )));
-            }
-            lines.push(Line::styled(
-                "allocator stats are CUDA-only: this run is on the CPU",
-                fg(app, Color::DarkGray),
-            ));
+            let h = &sample.host;
+            let (rss, used, total) = (
+                fmt_bytes(h.process_rss),
+                fmt_bytes(h.mem_used),
+                fmt_bytes(h.mem_total),
+            );
+            let host = [
+                format!(
+                    "process RSS {rss} · host {used} / {total} · cpu {:.0}%",
+                    h.cpu_percent
+                ),
+                format!("process RSS {rss} · host {used} / {total}"),
+                format!("RSS {rss} · host {used} / {total}"),
+            ];
+            vec![
+                (2, Line::from(first_fitting(&host, cols))),
+                (
+                    4,
+                    Line::styled(
+                        ellipsize(
+                            "allocator stats are CUDA-only: this run is on the CPU",
+                            cols,
+                        ),
+                        fg(app, Color::DarkGray),
+                    ),
+                ),
+            ]
         }
     }
-    frame.render_widget(Paragraph::new(lines), text_area);
 }
 
 fn render_allocator(frame: &mut Frame, app: &App, area: Rect) {
@@ -433,34 +600,100 @@ fn render_host(frame: &mut Frame, app: &App, area: Rect) {
 
 fn render_batch(frame: &mut Frame, app: &App, area: Rect) {
     let block = Block::bordered().title(" training ");
-    let lines = match &app.last_step {
-        None => vec![Line::from("no step yet")],
-        Some(s) => {
-            let val = app
-                .last_eval
-                .as_ref()
-                .map(|e| format!("{:.4}", e.val_loss))
-                .unwrap_or_else(|| "--".into());
-            vec![
-                Line::from(format!(
-                    "batch: micro {} × accum {} = effective {}",
+    let inner = block.inner(area);
+    frame.render_widget(block, area);
+    let cols = inner.width as usize;
+    let policy = &app.policy;
+    let mut lines: Vec<(u8, Line)> = Vec::new();
+    let pinned = policy.pinned.then(|| {
+        Span::styled(
+            " · pinned",
+            fg(app, Color::Yellow).add_modifier(Modifier::BOLD),
+        )
+    });
+    match &app.last_step {
+        None => lines.push((0, Line::from("no step yet"))),
+        Some(s) => lines.push((
+            0,
+            Line::from(
+                [Span::raw(format!(
+                    "micro {} × accum {} = {}",
                     s.micro_batch, s.accum_steps, s.effective_batch
-                )),
-                Line::from(format!(
+                ))]
+                .into_iter()
+                .chain(pinned)
+                .collect::<Vec<_>>(),
+            ),
+        )),
+    }
+    match &policy.last_decision {
+        Some((step, d)) => {
+            let head = decision_headline(*step, d);
+            lines.push((1, Line::from(ellipsize(&head, cols))));
+            let why = decision_reason(d, policy.thresholds.as_ref());
+            lines.push((
+                1,
+                Line::styled(
+                    ellipsize(&format!("  {why}"), cols),
+                    fg(app, Color::DarkGray),
+                ),
+            ));
+        }
+        None if app.last_step.is_some() => lines.push((
+            2,
+            Line::styled("controller: no decision yet", fg(app, Color::DarkGray)),
+        )),
+        None => {}
+    }
+    if let Some(s) = &app.last_step {
+        let val = app
+            .last_eval
+            .as_ref()
+            .map(|e| format!("{:.4}", e.val_loss))
+            .unwrap_or_else(|| "--".into());
+        let loss = [
+            format!(
+                "loss {:.4} · val {val} · grad norm {:.2}",
+                s.loss, s.grad_norm
+            ),
+            format!("loss {:.4} · val {val} · gn {:.2}", s.loss, s.grad_norm),
+            format!("loss {:.4} · val {val}", s.loss),
+        ];
+        lines.push((2, Line::from(first_fitting(&loss, cols))));
+        lines.push((
+            3,
+            Line::from(ellipsize(
+                &format!(
                     "seq {} · lr {:.2e} · step {:.0} ms",
                     s.seq_len,
                     s.lr,
                     s.step_time_s * 1e3
-                )),
-                Line::from(format!(
-                    "loss {:.4} · val {val} · grad norm {:.2}",
-                    s.loss, s.grad_norm
-                )),
-                Line::from(format!("tokens seen {}", s.tokens_seen)),
-            ]
-        }
-    };
-    frame.render_widget(Paragraph::new(lines).block(block), area);
+                ),
+                cols,
+            )),
+        ));
+    }
+    if policy.ooms > 0 || policy.ceiling_tokens.is_some() {
+        let ceiling = policy
+            .ceiling_tokens
+            .map(|t| format!(" · ceiling {t} tokens"))
+            .unwrap_or_default();
+        let style = if policy.ooms > 0 {
+            fg(app, Color::Red)
+        } else {
+            Style::default()
+        };
+        let ooms = [
+            format!("OOMs caught {}{ceiling}", policy.ooms),
+            format!("OOMs {}{ceiling}", policy.ooms),
+        ];
+        lines.push((2, Line::styled(first_fitting(&ooms, cols), style)));
+    }
+    if let Some(s) = &app.last_step {
+        lines.push((4, Line::from(format!("tokens seen {}", s.tokens_seen))));
+    }
+    let rows = inner.height as usize;
+    frame.render_widget(Paragraph::new(keep_most_important(lines, rows)), inner);
 }
 
 fn bounds(points: &[(f64, f64)]) -> Option<([f64; 2], [f64; 2])> {
@@ -481,6 +714,16 @@ fn empty_chart(frame: &mut Frame, block: Block, area: Rect, text: &str) {
 }
 
 fn render_memory_chart(frame: &mut Frame, app: &App, area: Rect) {
+    // Once the trainer reports step peaks, the chart shows them against the limit and the
+    // thresholds; until then, the sampler's bytes.
+    if app.policy.last_memory.is_some() {
+        let block = panel(
+            app,
+            Focus::MemoryChart,
+            format!(" memory vs limit ({}, w) ", app.window.label()),
+        );
+        return usage_chart::render(frame, app, area, block);
+    }
     let block = panel(
         app,
         Focus::MemoryChart,
@@ -564,6 +807,8 @@ fn render_events(frame: &mut Frame, app: &App, area: Rect) {
     };
     let block = panel(app, Focus::Events, title);
     let rows = area.height.saturating_sub(2) as usize;
+    // Borders and the time column; a long entry ends in an ellipsis, not mid-word.
+    let text_cols = (area.width as usize).saturating_sub(2 + 7);
     let lines: Vec<Line> = app
         .events
         .iter()
@@ -580,37 +825,24 @@ fn render_events(frame: &mut Frame, app: &App, area: Rect) {
                     format!("{:>6} ", fmt_duration(e.t)),
                     fg(app, Color::DarkGray),
                 ),
-                Span::styled(e.text.clone(), fg(app, color)),
+                Span::styled(ellipsize(&e.text, text_cols), fg(app, color)),
             ])
         })
         .collect();
     frame.render_widget(Paragraph::new(lines).block(block), area);
 }
 
-/// Keys the footer leaves out first when the line is short: navigation goes before the
-/// run's controls, and `?` (which lists everything) is never left out.
-const FOOTER_SHED_ORDER: [&str; 3] = ["w", "↑↓", "Tab"];
-
 fn render_footer(frame: &mut Frame, app: &App, area: Rect) {
     let dropped = (app.dropped > 0).then(|| format!("dropped samples {}", app.dropped));
     let reserved = dropped.as_ref().map_or(0, |d| d.chars().count() + 1);
     let room = (area.width as usize).saturating_sub(reserved);
-    // " q " + " stop  ", as drawn below.
-    let width = |key: &str, short: &str| key.chars().count() + short.chars().count() + 5;
-    let keys: Vec<_> = BINDINGS.iter().take(7).collect();
-    let mut used: usize = keys.iter().map(|(k, s, _)| width(k, s)).sum();
-    let mut shed: Vec<&str> = Vec::new();
-    for key in FOOTER_SHED_ORDER {
-        if used <= room {
-            break;
-        }
-        if let Some((k, s, _)) = keys.iter().find(|(k, _, _)| *k == key) {
-            used -= width(k, s);
-            shed.push(key);
-        }
-    }
+    // The keys that work now: the editor is modal.
+    let keys = match app.editor {
+        Some(_) => footer::shown(EDITOR_BINDINGS, &footer::EDITOR_SHED_ORDER, room),
+        None => footer::shown(BINDINGS, &footer::SHED_ORDER, room),
+    };
     let mut spans = Vec::new();
-    for (key, short, _) in keys.iter().filter(|(k, _, _)| !shed.contains(k)) {
+    for (key, short) in keys {
         spans.push(Span::styled(
             format!(" {key} "),
             fg(app, Color::Black).bg_if(app.color, Color::Gray),
@@ -629,6 +861,7 @@ fn render_footer(frame: &mut Frame, app: &App, area: Rect) {
 
 fn render_help(frame: &mut Frame, app: &App, area: Rect) {
     let width = 72.min(area.width);
+    // Bindings, a blank line and three notes; every line fits the width unwrapped.
     let height = (BINDINGS.len() as u16 + 6).min(area.height);
     let rect = Rect::new(
         area.x + (area.width - width) / 2,
@@ -646,10 +879,13 @@ fn render_help(frame: &mut Frame, app: &App, area: Rect) {
         })
         .collect();
     lines.push(Line::from(""));
-    lines.push(Line::styled(
-        "commands apply at the next step boundary; the screen shows what the trainer confirmed",
-        fg(app, Color::DarkGray),
-    ));
+    for text in [
+        "chart marks: ! OOM  ↑↓ batch resized  c cache freed  T thresholds set",
+        "gauge marks: t target  w warning  c critical  e emergency",
+        "commands apply between steps; shown once the trainer confirms them",
+    ] {
+        lines.push(Line::styled(text, fg(app, Color::DarkGray)));
+    }
     frame.render_widget(Clear, rect);
     frame.render_widget(
         Paragraph::new(lines)

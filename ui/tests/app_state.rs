@@ -1,10 +1,13 @@
 //! How `App` folds telemetry: the figures panels read, and the event log's wording and
 //! order. (Key handling and paging are unit-tested in app.rs.)
+use headroom_core::policy::{Decision, Profile, ResizeReason, Thresholds};
 use headroom_core::{
-    Command, EvalMetrics, Level, RunConfig, RunInfo, RunStatus, RunSummary, StepMetrics, Telemetry,
+    Command, EvalMetrics, Level, RunConfig, RunInfo, RunStatus, RunSummary, StepMemory,
+    StepMetrics, Telemetry,
 };
 use headroom_ui::app::{App, Reaction};
 use headroom_ui::keys::Action;
+use headroom_ui::policy::MarkKind;
 
 fn step(n: u64, micro: usize, accum: usize) -> Telemetry {
     Telemetry::Step(StepMetrics {
@@ -157,4 +160,132 @@ fn help_opens_and_closes_with_question_mark_or_esc() {
     // Esc with nothing open does not quit.
     assert_eq!(app.handle(Action::Back), Reaction::Nothing);
     assert!(!app.stop_requested);
+}
+
+/// What the trainer sends around an out-of-memory error, in its order.
+fn oom_sequence(step: u64) -> Vec<Telemetry> {
+    let d = |decision| Telemetry::Decision {
+        step: step - 1,
+        decision,
+    };
+    vec![
+        Telemetry::Oom {
+            step,
+            micro_batch: 32,
+            seq_len: 128,
+            retry_with: Some(16),
+            error: "CUDA out of memory. Tried to allocate 2.00 GiB".into(),
+        },
+        d(Decision::EmptyCache { usage: 1.0 }),
+        d(Decision::CeilingLearned {
+            micro_batch: 32,
+            tokens: 4096,
+        }),
+        d(Decision::Resize {
+            from: 32,
+            to: 16,
+            reason: ResizeReason::Oom,
+            usage: 1.0,
+            predicted: Some(0.62),
+        }),
+    ]
+}
+
+#[test]
+fn an_oom_is_logged_counted_marked_and_explained() {
+    let mut app = App::new("t", false);
+    app.apply(&step(40, 32, 1));
+    app.set_elapsed(12.0);
+    for msg in oom_sequence(41) {
+        app.apply(&msg);
+    }
+    let log: Vec<&str> = app.events.iter().rev().map(|e| e.text.as_str()).collect();
+    assert_eq!(
+        log,
+        vec![
+            "step 41: out of memory at micro-batch 32 × 128 tokens, retrying with 16",
+            "step 40: cached memory freed after out of memory",
+            "step 40: ceiling learned: under 4096 tokens (micro-batch 32 ran out)",
+            "step 40: shrink 32 → 16 after out of memory (predicted 62%)",
+        ]
+    );
+    assert_eq!(app.events[3].level, Level::Warn, "the OOM itself");
+    let p = &app.policy;
+    assert_eq!(p.ooms, 1);
+    assert_eq!(p.ceiling_tokens, Some(4096));
+    assert_eq!(p.micro_batch(), Some(16));
+    let kinds: Vec<MarkKind> = p.marks.iter().map(|m| m.kind).collect();
+    assert_eq!(
+        kinds,
+        vec![MarkKind::Oom, MarkKind::CacheFreed, MarkKind::Shrank]
+    );
+    assert!(p.marks.iter().all(|m| m.t == 12.0));
+    assert!(matches!(
+        p.last_decision,
+        Some((
+            40,
+            Decision::Resize {
+                reason: ResizeReason::Oom,
+                ..
+            }
+        ))
+    ));
+    for msg in oom_sequence(50) {
+        app.apply(&msg);
+    }
+    assert_eq!(app.policy.ooms, 2);
+}
+
+#[test]
+fn step_memory_feeds_the_gauge_and_both_usage_histories() {
+    let mut app = App::new("t", false);
+    let limit = 4u64 << 30;
+    for n in 1..=5u64 {
+        app.set_elapsed(n as f64);
+        app.apply(&Telemetry::StepMemory(StepMemory {
+            step: n,
+            micro_batch: 8,
+            seq_len: 64,
+            peak_bytes: limit / 2,
+            // No prediction until the model has two sizes.
+            predicted_bytes: (n > 2).then_some(limit / 4),
+            limit_bytes: limit,
+            usage: 0.5,
+        }));
+    }
+    let p = &app.policy;
+    assert_eq!(p.limit_bytes(), Some(limit));
+    assert_eq!(p.peak_usage.points().len(), 5);
+    assert_eq!(
+        p.predicted_usage.points(),
+        vec![(3.0, 0.25), (4.0, 0.25), (5.0, 0.25)]
+    );
+    assert_eq!(p.last_memory.as_ref().map(|m| m.step), Some(5));
+    assert!(app.events.is_empty(), "step peaks are charted, not logged");
+}
+
+#[test]
+fn thresholds_in_force_are_the_confirmed_ones_with_their_source() {
+    let mut app = App::new("t", false);
+    assert_eq!(app.policy.thresholds, None);
+    app.apply(&Telemetry::ThresholdsChanged {
+        thresholds: Thresholds::default(),
+        profile: Some(Profile::Balanced),
+        source: "config".into(),
+    });
+    assert_eq!(
+        app.events[0].text,
+        "thresholds 0.90,0.92,0.95,0.97 (balanced) in force, from config"
+    );
+    // A command the trainer refused changes nothing but the log.
+    app.apply(&Telemetry::CommandApplied {
+        command: Command::SetProfile {
+            profile: Profile::Aggressive,
+        },
+        applied: "refused: not now; 0.90,0.92,0.95,0.97 stay in force".into(),
+    });
+    assert_eq!(app.policy.thresholds, Some(Thresholds::default()));
+    assert_eq!(app.policy.profile, Some(Profile::Balanced));
+    assert_eq!(app.events[0].level, Level::Warn);
+    assert!(app.policy.marks.is_empty());
 }

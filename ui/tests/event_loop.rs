@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 use crossterm::event::{Event, KeyCode, KeyEvent, KeyModifiers};
-use headroom_core::{Command, RunStatus, RunSummary, Telemetry};
+use headroom_core::policy::{Profile, Thresholds};
+use headroom_core::{Command, RunStatus, RunSummary, StepMetrics, Telemetry};
 use headroom_ui::{drive, DashboardExit, DashboardOptions};
 use ratatui::backend::TestBackend;
 use ratatui::Terminal;
@@ -20,7 +21,7 @@ const WAIT: Duration = Duration::from_secs(5);
 struct Harness {
     keys: Sender<io::Result<Event>>,
     events: Sender<Telemetry>,
-    _metrics: Sender<Telemetry>,
+    metrics: Sender<Telemetry>,
     commands: Receiver<Command>,
     running: JoinHandle<(io::Result<DashboardExit>, Terminal<TestBackend>)>,
 }
@@ -61,14 +62,18 @@ impl Harness {
         Harness {
             keys,
             events,
-            _metrics: metrics,
+            metrics,
             commands,
             running,
         }
     }
 
     fn press(&self, c: char) {
-        let key = KeyEvent::new(KeyCode::Char(c), KeyModifiers::NONE);
+        self.press_code(KeyCode::Char(c));
+    }
+
+    fn press_code(&self, code: KeyCode) {
+        let key = KeyEvent::new(code, KeyModifiers::NONE);
         self.keys.send(Ok(Event::Key(key))).expect("loop alive");
     }
 
@@ -189,4 +194,72 @@ fn a_full_command_queue_is_reported_on_screen() {
         "{screen}"
     );
     assert_eq!(queue.len(), 1, "only the command queued before");
+}
+
+#[test]
+fn the_threshold_editor_is_modal_in_the_live_loop() {
+    let h = Harness::start(8, &[]);
+    h.event(Telemetry::Status {
+        status: RunStatus::Running,
+    });
+    h.event(Telemetry::ThresholdsChanged {
+        thresholds: Thresholds::default(),
+        profile: Some(Profile::Balanced),
+        source: "config".into(),
+    });
+    h.press('t');
+    // Inside the editor: q and f are inert, arrows edit, Enter sends.
+    h.press('q');
+    h.press('f');
+    h.press_code(KeyCode::Up);
+    h.press_code(KeyCode::Enter);
+    assert_eq!(
+        h.next_command(),
+        Command::SetThresholds {
+            thresholds: Thresholds::new(0.91, 0.92, 0.95, 0.97).unwrap()
+        },
+        "q and f must not have sent anything first"
+    );
+    h.press_code(KeyCode::Esc);
+    h.press('f');
+    assert_eq!(h.next_command(), Command::FreeCache);
+    h.end();
+}
+
+#[test]
+fn batch_keys_pin_around_the_reported_micro_batch() {
+    let h = Harness::start(8, &[]);
+    h.event(Telemetry::Status {
+        status: RunStatus::Running,
+    });
+    // Steps travel on the metrics channel; the loop applies them as they come.
+    h.metrics
+        .send(Telemetry::Step(StepMetrics {
+            step: 1,
+            total_steps: 10,
+            loss: 1.0,
+            lr: 1e-3,
+            grad_norm: 1.0,
+            step_time_s: 0.1,
+            tokens_per_s: 1.0,
+            samples_per_s: 1.0,
+            micro_batch: 12,
+            accum_steps: 1,
+            effective_batch: 12,
+            seq_len: 64,
+            tokens_seen: 0,
+        }))
+        .unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    while !h.metrics.is_empty() {
+        assert!(std::time::Instant::now() < deadline, "loop never took it");
+        std::thread::yield_now();
+    }
+    h.press('+');
+    assert_eq!(h.next_command(), Command::PinMicroBatch { micro_batch: 24 });
+    h.press('-');
+    assert_eq!(h.next_command(), Command::PinMicroBatch { micro_batch: 6 });
+    h.press('b');
+    assert_eq!(h.next_command(), Command::PinMicroBatch { micro_batch: 12 });
+    h.end();
 }

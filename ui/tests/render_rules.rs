@@ -1,12 +1,13 @@
 //! Rules every frame keeps, checked on the rendered buffer: NO_COLOR means no colour at
 //! all, small counters show up, tiny terminals get a message. (Whole-screen snapshots are
 //! in screens.rs.)
+use headroom_core::policy::{Decision, Profile, ResizeReason, Thresholds};
 use headroom_core::{
-    AllocatorStats, GpuStats, HostStats, Level, Notice, RunStatus, StepMetrics, SystemSample,
-    Telemetry,
+    AllocatorStats, GpuStats, HostStats, Level, Notice, RunStatus, StepMemory, StepMetrics,
+    SystemSample, Telemetry,
 };
 use headroom_ui::app::App;
-use headroom_ui::keys::Action;
+use headroom_ui::keys::{Action, BINDINGS};
 use headroom_ui::view::render;
 use ratatui::backend::TestBackend;
 use ratatui::buffer::Buffer;
@@ -69,6 +70,7 @@ fn busy_app(color: bool) -> App {
             }),
         }));
     }
+    policy_telemetry(&mut app);
     app.apply(&Telemetry::Notice(Notice::new(Level::Warn, "x", "warned")));
     app.apply(&Telemetry::Notice(Notice::new(
         Level::Error,
@@ -77,6 +79,54 @@ fn busy_app(color: bool) -> App {
     )));
     app.set_dropped(3);
     app
+}
+
+/// Thresholds, step peaks above critical, a resize, a warning and an OOM: every styled
+/// element of the memory panels.
+fn policy_telemetry(app: &mut App) {
+    app.apply(&Telemetry::ThresholdsChanged {
+        thresholds: Thresholds::default(),
+        profile: Some(Profile::Balanced),
+        source: "config".into(),
+    });
+    let limit: u64 = 8 << 30;
+    for n in 1..=20 {
+        app.set_elapsed(20.0 + n as f64);
+        let usage = 0.90 + n as f64 * 0.003;
+        app.apply(&Telemetry::StepMemory(StepMemory {
+            step: n,
+            micro_batch: 8,
+            seq_len: 128,
+            peak_bytes: (usage * limit as f64) as u64,
+            predicted_bytes: Some((0.93 * limit as f64) as u64),
+            limit_bytes: limit,
+            usage,
+        }));
+    }
+    for decision in [
+        Decision::Warning {
+            usage: 0.93,
+            forecast: false,
+            text: "step 19 peaked at 93% of the limit, above warning 92%; growth stops".into(),
+        },
+        Decision::EmptyCache { usage: 0.98 },
+        Decision::Resize {
+            from: 8,
+            to: 6,
+            reason: ResizeReason::Critical,
+            usage: 0.96,
+            predicted: Some(0.88),
+        },
+    ] {
+        app.apply(&Telemetry::Decision { step: 20, decision });
+    }
+    app.apply(&Telemetry::Oom {
+        step: 21,
+        micro_batch: 6,
+        seq_len: 128,
+        retry_with: Some(3),
+        error: "CUDA out of memory".into(),
+    });
 }
 
 fn coloured_cells(buf: &Buffer) -> usize {
@@ -93,9 +143,20 @@ fn no_color_means_not_one_coloured_cell() {
         assert_eq!(coloured_cells(&draw(&app, w, h)), 0, "main screen {w}x{h}");
         app.handle(Action::ToggleHelp);
         assert_eq!(coloured_cells(&draw(&app, w, h)), 0, "help {w}x{h}");
+        app.handle(Action::ToggleHelp);
+        // The editor with a refusal, the boldest thing it shows.
+        app.handle(Action::EditThresholds);
+        app.handle(Action::AdjustThreshold(5));
+        app.handle(Action::ApplyThresholds);
+        let screen = draw(&app, w, h);
+        assert!(text(&screen).contains("refused"), "{w}x{h}");
+        assert_eq!(coloured_cells(&screen), 0, "editor {w}x{h}");
     }
-    // The same screen with colour on does use colour: the check above can fail.
-    assert!(coloured_cells(&draw(&busy_app(true), 100, 30)) > 0);
+    // The same screens with colour on do use colour: the checks above can fail.
+    let mut app = busy_app(true);
+    assert!(coloured_cells(&draw(&app, 100, 30)) > 0);
+    app.handle(Action::EditThresholds);
+    assert!(coloured_cells(&draw(&app, 100, 30)) > 0);
 }
 
 #[test]
@@ -136,6 +197,12 @@ fn the_footer_keeps_quit_pause_checkpoint_and_help_at_the_minimum_width() {
         for needed in [" q  stop", " p  pause", " c  checkpoint", " ?  help"] {
             assert!(line.contains(needed), "{needed:?} missing: {line:?}");
         }
+        // The threshold editor and the pin key stay while there is room for them.
+        if dropped == 0 {
+            for needed in [" t  thresholds", " b  pin"] {
+                assert!(line.contains(needed), "{needed:?} missing: {line:?}");
+            }
+        }
         assert_eq!(
             line.contains("dropped samples 123456"),
             dropped > 0,
@@ -143,14 +210,28 @@ fn the_footer_keeps_quit_pause_checkpoint_and_help_at_the_minimum_width() {
         );
     }
     // With room, nothing is left out.
-    assert!(footer(&draw(&app, 120, 30)).contains(" w  window"));
+    app.set_dropped(0);
+    let wide = footer(&draw(&app, 170, 30));
+    for needed in [" w  window", " P  profile", " +/-  batch", " f  free cache"] {
+        assert!(wide.contains(needed), "{needed:?} missing: {wide:?}");
+    }
 }
 
 #[test]
 fn the_memory_panel_keeps_its_detail_lines_at_the_minimum_size() {
     let cuda = text(&draw(&busy_app(true), 80, 24));
-    for needed in ["headroom", "frag", "OOMs 1"] {
-        assert!(cuda.contains(needed), "{needed:?} missing at 80x24");
+    for needed in [
+        // Gauge, threshold marks, OOM risk, headroom, allocator.
+        "GPU peak",
+        "twce",
+        "next step predicted 88% at micro-batch 6",
+        "over target",
+        "frag",
+        // Training panel: the controller's last decision and the OOMs it caught.
+        "after step 20: 8 → 6 (critical)",
+        "OOMs caught 1",
+    ] {
+        assert!(cuda.contains(needed), "{needed:?} missing at 80x24: {cuda}");
     }
     let mut cpu = App::new("t", true);
     cpu.apply(&Telemetry::Sample(SystemSample {
@@ -163,12 +244,56 @@ fn the_memory_panel_keeps_its_detail_lines_at_the_minimum_size() {
         gpu: None,
         allocator: None,
     }));
+    cpu.apply(&Telemetry::ThresholdsChanged {
+        thresholds: Thresholds::default(),
+        profile: Some(Profile::Balanced),
+        source: "config".into(),
+    });
     let cpu = text(&draw(&cpu, 80, 24));
+    // Before the first step's peak the gauge is against host memory, not the budget
+    // the thresholds are fractions of: named, not marked.
+    assert!(!cpu.contains("twce"), "{cpu}");
     for needed in [
+        "thresholds 0.90,0.92,0.95,0.97 (balanced)",
         "process RSS 300 MiB",
         "host 1.00 GiB / 16.0 GiB",
         "CUDA-only",
     ] {
         assert!(cpu.contains(needed), "{needed:?} missing at 80x24");
+    }
+}
+
+#[test]
+fn the_help_lists_every_binding_at_the_minimum_size() {
+    let mut app = busy_app(true);
+    app.handle(Action::ToggleHelp);
+    let screen = draw(&app, 80, 24);
+    let rows: Vec<String> = (0..24)
+        .map(|y| {
+            (0..80)
+                .map(|x| screen[(x, y)].symbol().to_string())
+                .collect()
+        })
+        .collect();
+    for (key, _, what) in BINDINGS {
+        let line = format!("{key:>5}  {what}");
+        assert!(
+            rows.iter().any(|r| r.contains(&line)),
+            "{line:?} not on one row: {rows:#?}"
+        );
+    }
+}
+
+#[test]
+fn the_memory_chart_shows_rules_peaks_predictions_and_marks() {
+    let app = busy_app(true);
+    for (w, h) in [(80, 24), (120, 40)] {
+        let screen = text(&draw(&app, w, h));
+        for needed in ["memory vs limit", "t  90%", "c  95%", "╌", "•", "!"] {
+            assert!(
+                screen.contains(needed),
+                "{needed:?} missing at {w}x{h}: {screen}"
+            );
+        }
     }
 }

@@ -1,11 +1,13 @@
 //! Snapshot tests of whole screens, rendered with ratatui's TestBackend from scripted
 //! telemetry. A diff here is a visible change to what users see: review it.
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+use headroom_core::policy::{Decision, Profile, ResizeReason, Thresholds};
 use headroom_core::{
-    AllocatorStats, BlockRun, EvalMetrics, GpuStats, HostStats, Level, Notice, RunConfig, RunInfo,
-    RunStatus, Segment, SegmentMap, StepMetrics, SystemSample, Telemetry,
+    AllocatorStats, BlockRun, Command, EvalMetrics, GpuStats, HostStats, Level, Notice, RunConfig,
+    RunInfo, RunStatus, Segment, SegmentMap, StepMemory, StepMetrics, SystemSample, Telemetry,
 };
 use headroom_ui::app::App;
-use headroom_ui::keys::Action;
+use headroom_ui::keys::{action_for, Action};
 use headroom_ui::view::render;
 use ratatui::backend::TestBackend;
 use ratatui::Terminal;
@@ -25,7 +27,8 @@ fn run_info(device: &str, device_name: &str) -> RunInfo {
     }
 }
 
-fn step(n: u64) -> Telemetry {
+/// Effective batch 32 throughout: the controller trades micro-batch for accumulation.
+fn step(n: u64, micro_batch: usize) -> Telemetry {
     Telemetry::Step(StepMetrics {
         step: n,
         total_steps: 300,
@@ -35,8 +38,8 @@ fn step(n: u64) -> Telemetry {
         step_time_s: 0.095,
         tokens_per_s: 21_500.0,
         samples_per_s: 336.0,
-        micro_batch: 16,
-        accum_steps: 2,
+        micro_batch,
+        accum_steps: 32 / micro_batch,
         effective_batch: 32,
         seq_len: 64,
         tokens_seen: n * 2048,
@@ -91,15 +94,155 @@ fn cuda_sample(i: u64) -> Telemetry {
     })
 }
 
+fn decision(step: u64, decision: Decision) -> Telemetry {
+    Telemetry::Decision { step, decision }
+}
+
+/// One step's peak at `usage` of `limit`, with the model's prediction from step 3 on.
+fn step_memory(n: u64, micro_batch: usize, limit: u64, usage: f64, predicted: f64) -> Telemetry {
+    let bytes = |u: f64| (u * limit as f64) as u64;
+    Telemetry::StepMemory(StepMemory {
+        step: n,
+        micro_batch,
+        seq_len: 64,
+        peak_bytes: bytes(usage),
+        predicted_bytes: (n >= 3).then(|| bytes(predicted)),
+        limit_bytes: limit,
+        usage,
+    })
+}
+
+/// What the controller does in a scripted run, after which step.
+#[derive(Clone, Copy, PartialEq)]
+enum Story {
+    /// Telemetry of a trainer without a memory controller: the screen before this issue.
+    Plain,
+    /// CPU under a 768 MiB budget: grows 4 → 16 after step 5, runs out of memory in step
+    /// 30 and retries at 8, the user picks the conservative profile and pins the batch.
+    CpuOom,
+    /// H100: grows 4 → 16 after step 5; after step 45 the next batch is forecast above
+    /// warning and the controller shrinks to 12 before it runs.
+    CudaForecast,
+}
+
+fn micro_batch_at(story: Story, n: u64) -> usize {
+    match (story, n) {
+        (Story::Plain, _) => 16,
+        (_, 1..=5) => 4,
+        (Story::CpuOom, 30..) => 8,
+        _ => 16,
+    }
+}
+
+/// Peak usage of step `n` and what the model predicted for it.
+fn usage_at(story: Story, n: u64) -> (f64, f64) {
+    let wobble = ((n * 7) % 5) as f64 * 0.004;
+    match (story, micro_batch_at(story, n)) {
+        (_, 4) => (0.30 + wobble, 0.31),
+        (Story::CpuOom, 8) => (0.55 + wobble, 0.56),
+        // Drifting up over the run: the forecast at step 45 crosses warning.
+        _ => (0.78 + n as f64 * 0.002 + wobble, 0.79 + n as f64 * 0.002),
+    }
+}
+
+fn policy_events(story: Story, n: u64) -> Vec<Telemetry> {
+    let resize = |from, to, reason, usage, predicted| Decision::Resize {
+        from,
+        to,
+        reason,
+        usage,
+        predicted,
+    };
+    match (story, n) {
+        (Story::Plain, _) => vec![],
+        (_, 5) => vec![decision(
+            5,
+            resize(4, 16, ResizeReason::Grow, 0.31, Some(0.80)),
+        )],
+        (Story::CpuOom, 29) => vec![
+            Telemetry::Oom {
+                step: 30,
+                micro_batch: 16,
+                seq_len: 64,
+                retry_with: Some(8),
+                error: "[enforce fail at alloc_cpu.cpp:118] DefaultCPUAllocator: can't allocate memory".into(),
+            },
+            decision(29, Decision::EmptyCache { usage: 1.0 }),
+            decision(
+                29,
+                Decision::CeilingLearned {
+                    micro_batch: 16,
+                    tokens: 1024,
+                },
+            ),
+            decision(29, resize(16, 8, ResizeReason::Oom, 1.0, Some(0.56))),
+        ],
+        (Story::CpuOom, 36) => vec![
+            Telemetry::ThresholdsChanged {
+                thresholds: Profile::Conservative.thresholds(),
+                profile: Some(Profile::Conservative),
+                source: "command".into(),
+            },
+            Telemetry::CommandApplied {
+                command: Command::SetProfile {
+                    profile: Profile::Conservative,
+                },
+                applied: "profile conservative: thresholds 0.85,0.88,0.92,0.95".into(),
+            },
+        ],
+        (Story::CpuOom, 42) => vec![Telemetry::CommandApplied {
+            command: Command::PinMicroBatch { micro_batch: 8 },
+            applied: "micro-batch pinned at 8, 4 accumulation steps".into(),
+        }],
+        (Story::CudaForecast, 45) => vec![
+            decision(
+                45,
+                Decision::Warning {
+                    usage: 0.93,
+                    forecast: true,
+                    text: "the next batch (16 × 64 tokens) is forecast at 93% of the limit, above warning 92%".into(),
+                },
+            ),
+            decision(
+                45,
+                resize(16, 12, ResizeReason::Forecast, 0.93, Some(0.86)),
+            ),
+        ],
+        _ => vec![],
+    }
+}
+
 fn scripted(device: &str, name: &str, sample: fn(u64) -> Telemetry) -> App {
+    scripted_story(device, name, sample, Story::Plain)
+}
+
+fn scripted_story(device: &str, name: &str, sample: fn(u64) -> Telemetry, story: Story) -> App {
     let mut app = App::new("default", true);
     app.apply(&Telemetry::RunStarted(run_info(device, name)));
     app.apply(&Telemetry::Status {
         status: RunStatus::Running,
     });
-    for n in 1..=50 {
+    if story != Story::Plain {
+        app.apply(&Telemetry::ThresholdsChanged {
+            thresholds: Thresholds::default(),
+            profile: Some(Profile::Balanced),
+            source: "config".into(),
+        });
+    }
+    let limit: u64 = match story {
+        Story::CudaForecast => 80 << 30,
+        _ => 768 << 20,
+    };
+    // The CUDA story ends right after its forecast, while the next step is still ahead.
+    let last = if story == Story::CudaForecast { 45 } else { 50 };
+    for n in 1..=last {
         app.set_elapsed(n as f64 * 0.1);
-        app.apply(&step(n));
+        let mb = micro_batch_at(story, n);
+        if story != Story::Plain {
+            let (usage, predicted) = usage_at(story, n);
+            app.apply(&step_memory(n, mb, limit, usage, predicted));
+        }
+        app.apply(&step(n, mb));
         if n % 5 == 0 {
             app.apply(&sample(n));
         }
@@ -111,6 +254,9 @@ fn scripted(device: &str, name: &str, sample: fn(u64) -> Telemetry) -> App {
                 tokens: 16_384,
             }));
         }
+        for msg in policy_events(story, n) {
+            app.apply(&msg);
+        }
     }
     app
 }
@@ -121,25 +267,113 @@ fn draw(app: &App, w: u16, h: u16) -> Terminal<TestBackend> {
     terminal
 }
 
-#[test]
-fn main_screen_cpu() {
-    let mut app = scripted("cpu", "AMD EPYC 7B13", cpu_sample);
+/// A key as the live loop handles it: mapped in the app's current context.
+fn press(app: &mut App, code: KeyCode) {
+    let key = KeyEvent::new(code, KeyModifiers::NONE);
+    if let Some(action) = action_for(key, app.key_context()) {
+        app.handle(action);
+    }
+}
+
+fn cpu_oom_run() -> App {
+    let mut app = scripted_story("cpu", "AMD EPYC 7B13", cpu_sample, Story::CpuOom);
     app.apply(&Telemetry::Notice(Notice::new(
         Level::Info,
         "nvml",
         "NVML unavailable (a libloading error occurred): no NVIDIA driver on this machine",
     )));
-    insta::assert_snapshot!(draw(&app, 100, 30).backend());
+    app
+}
+
+fn cuda_forecast_run() -> App {
+    scripted_story("cuda:0", "cuda:0", cuda_sample, Story::CudaForecast)
+}
+
+#[test]
+fn main_screen_cpu() {
+    let app = cpu_oom_run();
+    let text = format!("{}", draw(&app, 100, 30).backend());
+    for needed in [
+        "micro 8 × accum 4 = 32 · pinned",
+        "OOMs caught 1 · ceiling 1024 tokens",
+        "thresholds 0.85,0.88,0.92,0.95 (conservative) in force, from command",
+        "memory · limit 768 MiB",
+    ] {
+        assert!(text.contains(needed), "{needed:?} missing:\n{text}");
+    }
+    // Scrolled past on screen, kept in the log.
+    assert!(
+        app.events
+            .iter()
+            .any(|e| e.text
+                == "step 30: out of memory at micro-batch 16 × 64 tokens, retrying with 8")
+    );
+    insta::assert_snapshot!(text);
+}
+
+#[test]
+fn main_screen_cpu_at_the_minimum_size() {
+    insta::assert_snapshot!(draw(&cpu_oom_run(), 80, 24).backend());
 }
 
 #[test]
 fn main_screen_cuda() {
-    let app = scripted("cuda:0", "cuda:0", cuda_sample);
+    let app = cuda_forecast_run();
     let term = draw(&app, 120, 40);
     let text = format!("{}", term.backend());
     assert!(text.contains("NVIDIA H100 80GB HBM3"));
     assert!(text.contains("frag 4.8%"), "fragmentation = 3/62 GiB");
+    assert!(
+        text.contains("forecast 93% > warning 92%: micro-batch → 12, 86%"),
+        "{text}"
+    );
     insta::assert_snapshot!(text);
+}
+
+#[test]
+fn threshold_editor_open() {
+    let mut app = cpu_oom_run();
+    press(&mut app, KeyCode::Char('t'));
+    // Warning 0.88 → 0.90.
+    press(&mut app, KeyCode::Right);
+    press(&mut app, KeyCode::Up);
+    press(&mut app, KeyCode::Char('+'));
+    insta::assert_snapshot!(draw(&app, 80, 24).backend());
+}
+
+#[test]
+fn threshold_editor_shows_a_local_refusal() {
+    let mut app = cpu_oom_run();
+    press(&mut app, KeyCode::Char('t'));
+    // Target 0.85 → 0.88, equal to warning: refused before anything is sent.
+    for _ in 0..3 {
+        press(&mut app, KeyCode::Char('k'));
+    }
+    press(&mut app, KeyCode::Enter);
+    let text = format!("{}", draw(&app, 80, 24).backend());
+    assert!(
+        text.contains("refused: threshold warning = 0.88 must be greater"),
+        "{text}"
+    );
+    insta::assert_snapshot!(text);
+}
+
+#[test]
+fn a_trainer_refusal_is_shown_in_the_editor() {
+    let mut app = cpu_oom_run();
+    press(&mut app, KeyCode::Char('t'));
+    press(&mut app, KeyCode::Char('k'));
+    press(&mut app, KeyCode::Enter);
+    let sent = app.editor.as_ref().map(|e| e.draft).unwrap();
+    let waiting = format!("{}", draw(&app, 80, 24).backend());
+    assert!(waiting.contains("waiting for the trainer"), "{waiting}");
+    app.apply(&Telemetry::CommandApplied {
+        command: Command::SetThresholds { thresholds: sent },
+        applied: "refused: the trainer says no; 0.85,0.88,0.92,0.95 stay in force".into(),
+    });
+    let text = format!("{}", draw(&app, 80, 24).backend());
+    assert!(text.contains("refused: the trainer says no"), "{text}");
+    assert!(!text.contains("waiting for the trainer"), "{text}");
 }
 
 fn segment_map() -> Telemetry {
@@ -168,7 +402,7 @@ fn segment_map() -> Telemetry {
 
 #[test]
 fn cuda_tall_screen_with_segment_map() {
-    let mut app = scripted("cuda:0", "cuda:0", cuda_sample);
+    let mut app = cuda_forecast_run();
     app.apply(&segment_map());
     insta::assert_snapshot!(draw(&app, 140, 44).backend());
 }
@@ -201,7 +435,7 @@ fn segment_bars_scale_blocks_to_width() {
 
 #[test]
 fn help_overlay() {
-    let mut app = scripted("cpu", "AMD EPYC 7B13", cpu_sample);
+    let mut app = cpu_oom_run();
     app.handle(Action::ToggleHelp);
     insta::assert_snapshot!(draw(&app, 100, 30).backend());
 }
