@@ -182,6 +182,43 @@ pub fn spawn(
     }
 }
 
+/// How an attempt at a step or a validation pass failed.
+enum Failure {
+    /// Out of memory: retry smaller.
+    Oom(String),
+    Other(String),
+}
+
+/// Runs `f` so that an out-of-memory error and an out-of-memory panic (tch's infallible
+/// calls, and its `f_*_scalar` ones, panic where an `f_` call would return the error)
+/// take the same path. Any other panic goes on unwinding. `hard_limit`: under the cap,
+/// oneDNN's nameless allocation failures count as out of memory too.
+fn attempt<T>(hard_limit: bool, f: impl FnOnce() -> Result<T, TchError>) -> Result<T, Failure> {
+    let is_oom = |text: &str| {
+        if hard_limit {
+            oom::is_capped_oom_message(text)
+        } else {
+            oom::is_oom_message(text)
+        }
+    };
+    let text = match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(v)) => return Ok(v),
+        Ok(Err(e)) => e.to_string(),
+        Err(p) => {
+            let text = panic_text(&p);
+            if !is_oom(&text) {
+                std::panic::resume_unwind(p);
+            }
+            text
+        }
+    };
+    Err(if is_oom(&text) {
+        Failure::Oom(text)
+    } else {
+        Failure::Other(text)
+    })
+}
+
 fn first_line(text: &str) -> String {
     text.lines().next().unwrap_or_default().to_string()
 }
@@ -218,7 +255,6 @@ struct Trainer {
     meter: PeakMeter,
     /// Steps whose first attempt is made to run out of memory; each fires once.
     inject_oom: BTreeSet<u64>,
-    ooms: u64,
     /// `--hard-limit` is on: allocation failures that do not say "memory" are OOMs too.
     hard_limit: bool,
     /// Said once the run has started (the UI learns the run before its details).
@@ -306,7 +342,6 @@ impl Trainer {
             controller,
             meter,
             inject_oom: opts.inject_oom.iter().copied().collect(),
-            ooms: 0,
             hard_limit: cfg.memory.hard_limit,
             startup_notices,
             effective_batch: cfg.batch.effective(),
@@ -504,29 +539,17 @@ impl Trainer {
             }
             let t0 = Instant::now();
             let (model, opt, data) = (&self.model, &mut self.opt, &self.data);
-            // An infallible tch call deep in a layer panics where an `f_` call would
-            // return the error: both are the same out-of-memory and take the same path.
-            let attempt = catch_unwind(AssertUnwindSafe(|| {
+            let error = match attempt(self.hard_limit, || {
                 step::train_step(model, opt, data, &plan)
-            }));
-            let error = match attempt {
-                Ok(Ok(out)) => {
+            }) {
+                Ok(out) => {
                     let dt = t0.elapsed().as_secs_f64().max(1e-9);
                     self.observe_memory(bus, &plan, predicted);
                     break (plan, out, dt);
                 }
-                Ok(Err(e)) => e.to_string(),
-                Err(p) => {
-                    let text = panic_text(&p);
-                    if !self.is_oom(&text) {
-                        std::panic::resume_unwind(p);
-                    }
-                    text
-                }
+                Err(Failure::Other(e)) => return Err(format!("step {s} failed: {e}")),
+                Err(Failure::Oom(e)) => e,
             };
-            if !self.is_oom(&error) {
-                return Err(format!("step {s} failed: {error}"));
-            }
             self.recover_from_oom(bus, &plan, error)?;
         };
         if !out.loss.is_finite() {
@@ -558,14 +581,6 @@ impl Trainer {
             tokens_seen: self.tokens_seen,
         }));
         Ok(())
-    }
-
-    fn is_oom(&self, error: &str) -> bool {
-        if self.hard_limit {
-            oom::is_capped_oom_message(error)
-        } else {
-            oom::is_oom_message(error)
-        }
     }
 
     /// After a successful step: its peak, against the prediction, into the controller.
@@ -606,7 +621,6 @@ impl Trainer {
         plan: &StepPlan,
         error: String,
     ) -> Result<(), String> {
-        self.ooms += 1;
         self.opt.zero_grad();
         let outcome = self.controller.on_oom(plan.micro_batch, plan.seq_len);
         bus.send(Telemetry::Oom {
@@ -698,24 +712,16 @@ impl Trainer {
     fn evaluate_fitting(&mut self, bus: &Bus) -> Result<f64, String> {
         let mut chunk = self.controller.micro_batch();
         loop {
-            let attempt = catch_unwind(AssertUnwindSafe(|| {
-                step::evaluate(&self.model, &self.data, &self.val_offsets, chunk)
-            }));
-            let error = match attempt {
-                Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) => e.to_string(),
-                Err(p) => {
-                    let text = panic_text(&p);
-                    if !self.is_oom(&text) {
-                        std::panic::resume_unwind(p);
-                    }
-                    text
+            let (model, data, offsets) = (&self.model, &self.data, &self.val_offsets);
+            match attempt(self.hard_limit, || {
+                step::evaluate(model, data, offsets, chunk)
+            }) {
+                Ok(v) => return Ok(v),
+                Err(Failure::Oom(_)) if chunk > 1 => {}
+                Err(Failure::Oom(e) | Failure::Other(e)) => {
+                    return Err(format!("validation at step {} failed: {e}", self.step));
                 }
-            };
-            if !self.is_oom(&error) || chunk == 1 {
-                return Err(format!("validation at step {} failed: {error}", self.step));
             }
-            self.ooms += 1;
             let _ = oom::free_cached(self.device);
             bus.send(Telemetry::Notice(Notice::new(
                 Level::Warn,
@@ -846,10 +852,6 @@ impl Trainer {
                     };
                     applied(bus, cmd, text);
                 }
-                // Command is non-exhaustive in spirit: a newer UI may send what this
-                // trainer does not know.
-                #[allow(unreachable_patterns)]
-                other => applied(bus, other, "not supported by this trainer".into()),
             }
         }
     }
