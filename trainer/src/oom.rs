@@ -116,6 +116,9 @@ pub fn held(device: Device) -> (&'static str, String) {
     )
 }
 
+/// Under a hard cap, allocations from this size up are mmapped (see [`set_hard_limit`]).
+const MMAP_THRESHOLD: i32 = 64 << 10;
+
 /// The least a hard-capped budget must leave above the resident set at the start.
 /// Measured: with 6 MiB the sampler's own small allocations failed and the process
 /// aborted; with 10 MiB and more, every failure was libtorch's and was recovered.
@@ -127,6 +130,14 @@ pub const HARD_LIMIT_ROOM: u64 = 32 << 20;
 /// the cap. Process-wide: a Rust allocation past it would abort, which is why this is
 /// opt-in and the controller keeps usage under target, below the cap.
 pub fn set_hard_limit(budget: u64) -> Result<u64, String> {
+    // RLIMIT_DATA counts the heap's size, and glibc keeps freed tensor memory in the heap
+    // (malloc_trim returns pages, not address space): after one step near the cap, every
+    // later allocation failed, micro-batch 1 included, while the resident set was half the
+    // budget. Served by mmap, a freed tensor leaves the data segment at once.
+    // SAFETY: mallopt only sets a glibc tunable; called before training allocates.
+    if unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) } != 1 {
+        return Err("cannot set glibc's mmap threshold for --hard-limit".into());
+    }
     let rss = peak::status_kib("VmRSS:").ok_or("cannot read VmRSS from /proc/self/status")? * 1024;
     let data =
         peak::status_kib("VmData:").ok_or("cannot read VmData from /proc/self/status")? * 1024;
