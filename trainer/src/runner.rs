@@ -530,10 +530,7 @@ impl Trainer {
                 grad_clip: self.cfg.optim.grad_clip,
                 inject_oom: self.inject_oom.remove(&s),
             };
-            let predicted = self
-                .controller
-                .model()
-                .predict((plan.micro_batch * seq) as u64);
+            let predicted = self.controller.predicted_bytes(plan.micro_batch, seq);
             if let Err(e) = self.meter.reset() {
                 bus.send(Telemetry::Notice(Notice::new(Level::Warn, "memory", e)));
             }

@@ -35,6 +35,15 @@ fn against(usage: f64, op: &str, name: &str, value: Option<f64>) -> String {
     }
 }
 
+/// What taught a ceiling: an out-of-memory error, or a step that peaked too high.
+fn ceiling_cause(usage: f64) -> String {
+    if usage >= 1.0 {
+        "ran out".into()
+    } else {
+        format!("peaked at {}", pct(usage))
+    }
+}
+
 /// The event-log entry for a decision taken after step `step`.
 pub fn decision_event(step: u64, d: &Decision) -> (Level, String) {
     match d {
@@ -71,18 +80,17 @@ pub fn decision_event(step: u64, d: &Decision) -> (Level, String) {
         ),
         Decision::EmptyCache { usage } => (
             Level::Warn,
-            format!(
-                "step {step}: cached memory freed at {} ≥ emergency",
-                pct(*usage)
-            ),
+            format!("step {step}: cached memory freed at {}", pct(*usage)),
         ),
         Decision::CeilingLearned {
             micro_batch,
             tokens,
+            usage,
         } => (
             Level::Info,
             format!(
-                "step {step}: ceiling learned: under {tokens} tokens (micro-batch {micro_batch} ran out)"
+                "step {step}: ceiling learned: under {tokens} tokens (micro-batch {micro_batch} {})",
+                ceiling_cause(*usage)
             ),
         ),
         Decision::CeilingRaised { tokens: Some(t) } => (
@@ -181,11 +189,18 @@ pub fn decision_reason(d: &Decision, t: Option<&Thresholds>) -> String {
             }
         }
         Decision::EmptyCache { usage } if *usage >= 1.0 => "after out of memory".into(),
-        Decision::EmptyCache { usage } => against(*usage, "≥", "emergency", t.map(|t| t.emergency)),
+        Decision::EmptyCache { usage } => match t {
+            Some(t) if *usage < t.emergency => against(*usage, ">", "target", Some(t.target)),
+            _ => against(*usage, "≥", "emergency", t.map(|t| t.emergency)),
+        },
         Decision::CeilingLearned {
             micro_batch,
             tokens,
-        } => format!("micro-batch {micro_batch} ran out: < {tokens} tokens"),
+            usage,
+        } => format!(
+            "micro-batch {micro_batch} {}: < {tokens} tokens",
+            ceiling_cause(*usage)
+        ),
         Decision::CeilingRaised { tokens: Some(t) } => format!("no OOM for a while: {t} tokens"),
         Decision::CeilingRaised { tokens: None } => "no OOM for a while".into(),
         Decision::Warning { text, .. } => text.clone(),
@@ -278,18 +293,40 @@ mod tests {
         );
         assert_eq!(
             decision_event(9, &Decision::EmptyCache { usage: 0.981 }).1,
-            "step 9: cached memory freed at 98% ≥ emergency"
+            "step 9: cached memory freed at 98%"
         );
         assert_eq!(
             decision_event(
                 40,
                 &Decision::CeilingLearned {
                     micro_batch: 32,
-                    tokens: 2048
+                    tokens: 2048,
+                    usage: 1.0
                 }
             )
             .1,
             "step 40: ceiling learned: under 2048 tokens (micro-batch 32 ran out)"
+        );
+        assert_eq!(
+            decision_event(
+                41,
+                &Decision::CeilingLearned {
+                    micro_batch: 70,
+                    tokens: 4060,
+                    usage: 0.993
+                }
+            )
+            .1,
+            "step 41: ceiling learned: under 4060 tokens (micro-batch 70 peaked at 99%)"
+        );
+        let t = Thresholds::default();
+        assert_eq!(
+            decision_reason(&Decision::EmptyCache { usage: 0.914 }, Some(&t)),
+            "91% > target 90%"
+        );
+        assert_eq!(
+            decision_reason(&Decision::EmptyCache { usage: 0.98 }, Some(&t)),
+            "98% ≥ emergency 97%"
         );
     }
 }

@@ -180,6 +180,7 @@ fn oom_sequence(step: u64) -> Vec<Telemetry> {
         d(Decision::CeilingLearned {
             micro_batch: 32,
             tokens: 4096,
+            usage: 1.0,
         }),
         d(Decision::Resize {
             from: 32,

@@ -173,6 +173,7 @@ fn policy_events(story: Story, n: u64) -> Vec<Telemetry> {
                 Decision::CeilingLearned {
                     micro_batch: 16,
                     tokens: 1024,
+                    usage: 1.0,
                 },
             ),
             decision(29, resize(16, 8, ResizeReason::Oom, 1.0, Some(0.56))),
