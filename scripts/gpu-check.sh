@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The GPU checks of docs/GPU.md, for a lent machine with a CUDA GPU and PyTorch 2.11 but no
+# Rust toolchain. Build here first, then carry target/gpu/ over:
+#
+#   ./dev build && ./dev cargo bench --no-run --bench overhead
+#   mkdir -p target/gpu && cp target/release/headroom target/gpu/
+#   cp "$(ls -t target/release/deps/overhead-* | grep -v '\.d$' | head -1)" target/gpu/overhead
+#   (on the GPU machine)  OUT=out bash scripts/gpu-check.sh run|dash|overhead|fidelity ...
+#
+# Each section writes its JSONL logs and console output under $OUT.
+set -u
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+BIN=${BIN:-$ROOT/target/gpu/headroom}
+OUT=${OUT:-$ROOT/gpu-out}
+PY=${PY:-/opt/torch/.venv/bin/python}
+mkdir -p "$OUT"
+TORCH_LIB=$("$PY" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))' 2>/dev/null ||
+  echo /opt/torch/.venv/lib/python3.12/site-packages/torch/lib)
+export LD_LIBRARY_PATH=$TORCH_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+
+section() { printf '\n=== %s (%s)\n' "$1" "$(date +%T)"; }
+
+for what in "$@"; do
+  case "$what" in
+    info)
+      section info
+      nvidia-smi | tee "$OUT/nvidia-smi.txt"
+      "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+      ldd "$BIN" | grep -E 'torch|cuda|nvidia' | head
+      ;;
+    run)
+      # Walking skeleton on CUDA: NVML and allocator figures in the samples.
+      section run
+      timeout 150 "$BIN" train --config configs/gpu.toml --headless --steps 30 \
+        --checkpoint-dir "$OUT/ck-run" --log "$OUT/run.jsonl" > "$OUT/run.out" 2>&1
+      echo "rc=$?"; tail -15 "$OUT/run.out"
+      ;;
+    oom)
+      # A micro-batch that does not fit: a real CUDA OOM, recovery, settling near target.
+      section oom
+      timeout 240 "$BIN" train --config configs/gpu.toml --headless --steps ${OOM_STEPS:-16} \
+        --batch-size ${OOM_BATCH:-256} --effective-batch ${OOM_BATCH:-256} \
+        --checkpoint-dir "$OUT/ck-oom" --log "$OUT/oom.jsonl" > "$OUT/oom.out" 2>&1
+      echo "rc=$?"; grep -iE 'oom|out of memory|resize|warn|step +[0-9]+' "$OUT/oom.out" | head -40; tail -5 "$OUT/oom.out"
+      ;;
+    dash)
+      # The dashboard on a 160x50 pseudo-terminal: allocator panel and segment map.
+      section dash
+      "$PY" scripts/pty_capture.py 160 50 ${DASH_SECONDS:-45} "$OUT/dash.raw" -- \
+        "$BIN" train --config configs/gpu.toml --steps 2000 \
+        --checkpoint-dir "$OUT/ck-dash" --log "$OUT/dash.jsonl"
+      echo "rc=$?"
+      ;;
+    fidelity)
+      # Injected OOMs on CUDA against the same run without them.
+      section fidelity
+      for v in clean inject; do
+        extra=(); [[ $v == inject ]] && extra=(--inject-oom 3,5,6)
+        timeout 120 "$BIN" train --config configs/gpu.toml --headless --steps 8 \
+          --batch-size 16 --effective-batch 32 "${extra[@]}" \
+          --checkpoint-dir "$OUT/ck-$v" --log "$OUT/fid-$v.jsonl" > "$OUT/fid-$v.out" 2>&1
+        echo "$v rc=$?"
+      done
+      ;;
+    overhead)
+      section overhead
+      HEADROOM_BIN=$BIN timeout 500 "$ROOT/target/gpu/overhead" ${OVERHEAD_ARGS:-3 60 configs/gpu.toml} 2>&1 |
+        tee "$OUT/overhead.txt"
+      ;;
+    *) echo "unknown section $what (info run oom dash fidelity overhead)"; exit 2 ;;
+  esac
+done
