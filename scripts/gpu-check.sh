@@ -2,10 +2,11 @@
 # The GPU checks of docs/GPU.md, for a lent machine with a CUDA GPU and PyTorch 2.11 but no
 # Rust toolchain. Build here first, then carry target/gpu/ over:
 #
-#   ./dev build && ./dev cargo bench --no-run --bench overhead
+#   ./dev build && ./dev cargo bench --no-run --bench overhead --bench telemetry
 #   mkdir -p target/gpu && cp target/release/headroom target/gpu/
-#   cp "$(ls -t target/release/deps/overhead-* | grep -v '\.d$' | head -1)" target/gpu/overhead
-#   (on the GPU machine)  OUT=out bash scripts/gpu-check.sh run|dash|overhead|fidelity ...
+#   for b in overhead telemetry; do
+#     cp "$(ls -t target/release/deps/$b-* | grep -v '\.d$' | head -1)" target/gpu/$b; done
+#   (on the GPU machine)  OUT=out bash scripts/gpu-check.sh info|run|oom|ramp|dash|fidelity|overhead|telemetry ...
 #
 # Each section writes its JSONL logs and console output under $OUT.
 set -u
@@ -44,6 +45,16 @@ for what in "$@"; do
         --checkpoint-dir "$OUT/ck-oom" --log "$OUT/oom.jsonl" > "$OUT/oom.out" 2>&1
       echo "rc=$?"; grep -iE 'oom|out of memory|resize|warn|step +[0-9]+' "$OUT/oom.out" | head -40; tail -5 "$OUT/oom.out"
       ;;
+    ramp)
+      # Sequence lengths ramping 128 -> 1024 while the controller grows from 32: the
+      # per-token stretch must keep every step under critical.
+      section ramp
+      sed '/^\[data\]/a lengths = "ramp"\nmin_seq_len = 128\nramp_steps = 12' configs/gpu.toml > "$OUT/ramp.toml"
+      timeout 240 "$BIN" train --config "$OUT/ramp.toml" --headless --steps ${RAMP_STEPS:-24} \
+        --batch-size 32 --effective-batch 256 \
+        --checkpoint-dir "$OUT/ck-ramp" --log "$OUT/ramp.jsonl" > "$OUT/ramp.out" 2>&1
+      echo "rc=$?"; grep -E 'micro-batch|out of memory|warn' "$OUT/ramp.out" | head -30; tail -3 "$OUT/ramp.out"
+      ;;
     dash)
       # The dashboard on a 160x50 pseudo-terminal: allocator panel and segment map.
       section dash
@@ -68,6 +79,11 @@ for what in "$@"; do
       HEADROOM_BIN=$BIN timeout 500 "$ROOT/target/gpu/overhead" ${OVERHEAD_ARGS:-3 60 configs/gpu.toml} 2>&1 |
         tee "$OUT/overhead.txt"
       ;;
-    *) echo "unknown section $what (info run oom dash fidelity overhead)"; exit 2 ;;
+    telemetry)
+      section telemetry
+      HEADROOM_BIN=$BIN timeout 400 "$ROOT/target/gpu/telemetry" ${TELEMETRY_ARGS:-configs/gpu.toml} 2>&1 |
+        tee "$OUT/telemetry.txt"
+      ;;
+    *) echo "unknown section $what (info run oom ramp dash fidelity overhead telemetry)"; exit 2 ;;
   esac
 done
