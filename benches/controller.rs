@@ -5,7 +5,6 @@
 //!     ./dev cargo bench --bench controller                  # 40 optimizer steps per run
 //!     ./dev cargo bench --bench controller -- 60            # steps per run
 //!     ./dev cargo bench --bench controller -- ramp repeat=3 # one scenario, 3 runs each
-//!     ./dev cargo bench --bench controller -- mmap          # glibc returning freed memory
 //!     ./dev cargo bench --bench controller -- verbose       # each child's attempt trace
 //!
 //! Strategies (the effective batch is fixed at 256 sequences for all three; each picks
@@ -144,6 +143,7 @@ fn run_headroom(cfg: RunConfig) -> Outcome {
         checkpoint_dir: dir.path().join("ck"),
         resume: None,
         inject_oom: vec![],
+        inject_panic: None,
     };
     let mut out = Outcome {
         attempts: Vec::with_capacity(256),
@@ -521,24 +521,15 @@ struct Args {
     steps: u64,
     scenarios: Vec<&'static str>,
     repeats: usize,
-    /// Children run with `MALLOC_MMAP_THRESHOLD_` fixed (see `MMAP_THRESHOLD`).
-    mmap: bool,
     /// Echo each child's per-attempt trace.
     verbose: bool,
 }
-
-/// `MALLOC_MMAP_THRESHOLD_` of the `mmap` variant: glibc then serves every allocation
-/// above 64 KiB with its own mapping and unmaps it on free (a fixed threshold also stops
-/// glibc from raising it after frees), so the data segment the cap counts follows the
-/// live tensors instead of the heap's high-water mark.
-const MMAP_THRESHOLD: &str = "65536";
 
 fn parse_args() -> Args {
     let mut a = Args {
         steps: 40,
         scenarios: SCENARIOS.to_vec(),
         repeats: 1,
-        mmap: false,
         verbose: false,
     };
     let mut only = Vec::new();
@@ -547,8 +538,6 @@ fn parse_args() -> Args {
             a.steps = n;
         } else if let Some(n) = arg.strip_prefix("repeat=").and_then(|n| n.parse().ok()) {
             a.repeats = n;
-        } else if arg == "mmap" {
-            a.mmap = true;
         } else if arg == "verbose" {
             a.verbose = true;
         } else if let Some(s) = SCENARIOS.into_iter().find(|s| *s == arg) {
@@ -567,9 +556,6 @@ fn run_child(strategy: &str, scenario: &str, args: &Args) -> Value {
     let t0 = Instant::now();
     let mut cmd = Command::new(exe);
     cmd.env(CHILD_ENV, format!("{strategy}:{scenario}:{}", args.steps));
-    if args.mmap {
-        cmd.env("MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD);
-    }
     let out = cmd.output().expect("the child process");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -677,13 +663,9 @@ fn main() {
         "batch-size strategies: default model (0.83M params), CPU ({cores} cores), budget \
          {BUDGET} as a hard cap (RLIMIT_DATA), effective batch {EFFECTIVE}, {steps} \
          optimizer steps; fixed = {SEQ_LEN} tokens, ramp = {MIN_SEQ_LEN} → {SEQ_LEN} over \
-         {} steps; allocator: glibc {}",
-        (steps / 2).max(1),
-        if args.mmap {
-            format!("with MALLOC_MMAP_THRESHOLD_={MMAP_THRESHOLD}")
-        } else {
-            "defaults".to_string()
-        }
+         {} steps; glibc serves allocations of 64 KiB and up by mmap under the cap (as \
+         `--hard-limit` does)",
+        (steps / 2).max(1)
     );
     let mut results = Vec::new();
     for scenario in &args.scenarios {
