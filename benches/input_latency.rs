@@ -151,6 +151,7 @@ fn main() {
         checkpoint_dir: dir.path().to_path_buf(),
         resume: None,
         inject_oom: Vec::new(),
+        inject_panic: None,
         config,
     };
     let trainer = runner::spawn(opts, bus, cmd_rx).expect("trainer starts");

@@ -6,7 +6,7 @@
 #   mkdir -p target/gpu && cp target/release/headroom target/gpu/
 #   for b in overhead telemetry; do
 #     cp "$(ls -t target/release/deps/$b-* | grep -v '\.d$' | head -1)" target/gpu/$b; done
-#   (on the GPU machine)  OUT=out bash scripts/gpu-check.sh info|run|oom|ramp|dash|fidelity|overhead|telemetry ...
+#   (on the GPU machine)  OUT=out bash scripts/gpu-check.sh info|run|oom|ramp|dash|fidelity|overhead|telemetry|nvml ...
 #
 # Each section writes its JSONL logs and console output under $OUT.
 set -u
@@ -79,11 +79,20 @@ for what in "$@"; do
       HEADROOM_BIN=$BIN timeout 500 "$ROOT/target/gpu/overhead" ${OVERHEAD_ARGS:-3 60 configs/gpu.toml} 2>&1 |
         tee "$OUT/overhead.txt"
       ;;
+    nvml)
+      # NVML "loses the GPU" after 20 reads (5 s at the default rate): one notice, GPU
+      # figures hidden, the run goes on to the end with exit 0.
+      section nvml
+      HEADROOM_INJECT_NVML_FAILURE=20 timeout 200 "$BIN" train --config configs/gpu.toml \
+        --headless --steps 20 --checkpoint-dir "$OUT/ck-nvml" --log "$OUT/nvml.jsonl" \
+        > "$OUT/nvml.out" 2>&1
+      echo "rc=$?"; grep -iE 'nvml|completed' "$OUT/nvml.out"
+      ;;
     telemetry)
       section telemetry
       HEADROOM_BIN=$BIN timeout 400 "$ROOT/target/gpu/telemetry" ${TELEMETRY_ARGS:-configs/gpu.toml} 2>&1 |
         tee "$OUT/telemetry.txt"
       ;;
-    *) echo "unknown section $what (info run oom ramp dash fidelity overhead telemetry)"; exit 2 ;;
+    *) echo "unknown section $what (info run oom ramp dash fidelity overhead telemetry nvml)"; exit 2 ;;
   esac
 done

@@ -74,6 +74,17 @@ pub struct TrainArgs {
     pub inject_oom: Vec<u64>,
 }
 
+/// The step to panic in, from `HEADROOM_INJECT_PANIC` (tests of the trainer-panic path;
+/// deliberately not a flag).
+pub fn inject_panic_step(env: Option<&str>) -> Result<Option<u64>> {
+    match env.map(str::trim).filter(|t| !t.is_empty()) {
+        None => Ok(None),
+        Some(t) => t.parse().map(Some).map_err(|_| {
+            anyhow::anyhow!("HEADROOM_INJECT_PANIC={t:?} is not a step number; unset it or give one step, e.g. 5")
+        }),
+    }
+}
+
 /// Steps to inject out-of-memory errors at: `--inject-oom` and `HEADROOM_INJECT_OOM`.
 pub fn inject_oom_steps(args: &TrainArgs, env: Option<&str>) -> Result<Vec<u64>> {
     let mut steps = args.inject_oom.clone();
@@ -141,6 +152,16 @@ impl TrainArgs {
         }
         if let Some(dir) = &self.checkpoint_dir {
             cfg.run.checkpoint_dir = dir.to_string_lossy().into_owned();
+        } else if let Some(dir) = &self.resume {
+            // A resumed run goes on saving where it was resumed from: the directory its
+            // config named may be relative to wherever it first ran (`--resume
+            // ../backup/ck` must not write to, and prune, `./ck`).
+            let root = if dir.join("state.json").exists() {
+                dir.parent().unwrap_or(dir)
+            } else {
+                dir
+            };
+            cfg.run.checkpoint_dir = root.to_string_lossy().into_owned();
         }
         if let Some(p) = &self.profile {
             cfg.memory.profile = p.parse().map_err(|e| anyhow::anyhow!("--profile: {e}"))?;

@@ -5,7 +5,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use crossbeam_channel::Receiver;
 use headroom_core::{Bus, Level, LogLine, Notice, Telemetry};
 
@@ -13,10 +13,41 @@ pub struct LogWriter {
     thread: JoinHandle<Option<String>>,
 }
 
-/// Opens (creates or truncates) the log before anything runs, so an unwritable path is an
-/// error at start, not a silent loss later.
-pub fn open(path: &Path) -> Result<BufWriter<File>> {
+/// A log file that was checked at start but not yet truncated. The run may still fail
+/// before training (a bad corpus, a corrupt checkpoint): then [`PendingLog::abandon`]
+/// leaves an existing file as it was and removes what [`open`] created, so a failed start
+/// never costs the previous run's log. [`LogWriter::start`] truncates it.
+pub struct PendingLog {
+    path: PathBuf,
+    file: File,
+    created_file: bool,
+    /// Directories `open` created, deepest first.
+    created_dirs: Vec<PathBuf>,
+}
+
+/// Opens the log (creating it and its directory when missing) before anything runs, so an
+/// unwritable path is an error at start, not a silent loss later. Nothing is truncated
+/// yet. `inputs` are files the run reads (config, corpus): a log on one of them would
+/// overwrite it, so that is an error too.
+pub fn open(path: &Path, inputs: &[(&str, &Path)]) -> Result<PendingLog> {
+    for (what, input) in inputs {
+        if same_file(path, input) {
+            bail!(
+                "--log {} is the {what} {}; logging there would overwrite it; choose another \
+                 --log path",
+                path.display(),
+                input.display()
+            );
+        }
+    }
+    let mut created_dirs = Vec::new();
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        created_dirs = dir
+            .ancestors()
+            .filter(|d| !d.as_os_str().is_empty())
+            .take_while(|d| !d.exists())
+            .map(Path::to_path_buf)
+            .collect();
         std::fs::create_dir_all(dir).with_context(|| {
             format!(
                 "cannot create the directory of log {}; choose another --log path",
@@ -24,13 +55,64 @@ pub fn open(path: &Path) -> Result<BufWriter<File>> {
             )
         })?;
     }
-    let file = File::create(path).with_context(|| {
-        format!(
-            "cannot write log {}; choose another --log path",
-            path.display()
-        )
-    })?;
-    Ok(BufWriter::new(file))
+    let created_file = !path.exists();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        // Not yet: `commit` truncates once the run has started.
+        .truncate(false)
+        .open(path);
+    match file {
+        Ok(file) => Ok(PendingLog {
+            path: path.to_path_buf(),
+            file,
+            created_file,
+            created_dirs,
+        }),
+        Err(e) => {
+            remove_dirs(&created_dirs);
+            Err(anyhow::Error::new(e).context(format!(
+                "cannot write log {}; choose another --log path",
+                path.display()
+            )))
+        }
+    }
+}
+
+/// Whether `a` and `b` name the same existing file (links and `..` included).
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+fn remove_dirs(dirs: &[PathBuf]) {
+    for d in dirs {
+        // Only while empty: whatever someone else put there stays.
+        let _ = std::fs::remove_dir(d);
+    }
+}
+
+impl PendingLog {
+    /// The run did not start: leave no trace of the log.
+    pub fn abandon(self) {
+        drop(self.file);
+        if self.created_file {
+            let _ = std::fs::remove_file(&self.path);
+        }
+        remove_dirs(&self.created_dirs);
+    }
+
+    /// The run started: truncate (regular files only: `/dev/null` or a pipe cannot be)
+    /// and write from the start.
+    fn commit(self) -> std::io::Result<BufWriter<File>> {
+        if self.file.metadata()?.is_file() {
+            self.file.set_len(0)?;
+        }
+        Ok(BufWriter::new(self.file))
+    }
 }
 
 /// Renders one record. The message's own fields sit beside `ts`, `t` and `kind`.
@@ -48,42 +130,50 @@ impl LogWriter {
     /// Writes until every sender of `lines` is gone. A write failure (disk full, ...) is
     /// told once on screen through `ui`, then the writer keeps draining without writing,
     /// so the trainer never blocks on a dead log.
-    pub fn start(
-        mut out: BufWriter<File>,
-        path: PathBuf,
-        lines: Receiver<LogLine>,
-        ui: Bus,
-    ) -> LogWriter {
+    pub fn start(log: PendingLog, lines: Receiver<LogLine>, ui: Bus) -> LogWriter {
         let thread = std::thread::Builder::new()
             .name("log-writer".into())
             .spawn(move || {
+                let path = log.path.clone();
                 let mut failed: Option<String> = None;
-                for line in lines.iter() {
-                    if failed.is_some() {
-                        continue;
+                let warn = |failed: &mut Option<String>, e: std::io::Error| {
+                    let msg = format!(
+                        "writing log {} failed ({e}); logging stopped, training continues",
+                        path.display()
+                    );
+                    ui.send(Telemetry::Notice(Notice::new(
+                        Level::Warn,
+                        "log",
+                        msg.clone(),
+                    )));
+                    *failed = Some(msg);
+                };
+                let mut out = match log.commit() {
+                    Ok(out) => Some(out),
+                    Err(e) => {
+                        warn(&mut failed, e);
+                        None
                     }
+                };
+                for line in lines.iter() {
+                    // After a failure: keep draining, write nothing.
+                    let Some(w) = out.as_mut() else {
+                        continue;
+                    };
                     let lifecycle = !line.msg.is_high_rate();
-                    let mut res = writeln!(out, "{}", render(&line));
+                    let mut res = writeln!(w, "{}", render(&line));
                     // Flush on lifecycle events so a crash loses at most a few steps'
                     // figures, never the record of what happened.
                     if res.is_ok() && (lifecycle || lines.is_empty()) {
-                        res = out.flush();
+                        res = w.flush();
                     }
                     if let Err(e) = res {
-                        let msg = format!(
-                            "writing log {} failed ({e}); logging stopped, training continues",
-                            path.display()
-                        );
-                        ui.send(Telemetry::Notice(Notice::new(
-                            Level::Warn,
-                            "log",
-                            msg.clone(),
-                        )));
-                        failed = Some(msg);
+                        warn(&mut failed, e);
+                        out = None;
                     }
                 }
-                if failed.is_none() {
-                    if let Err(e) = out.flush() {
+                if let Some(w) = out.as_mut() {
+                    if let Err(e) = w.flush() {
                         failed = Some(format!("flushing log {} failed: {e}", path.display()));
                     }
                 }
@@ -127,7 +217,51 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let blocker = dir.path().join("file");
         std::fs::write(&blocker, "x").unwrap();
-        let err = open(&blocker.join("run.jsonl")).unwrap_err();
+        let err = open(&blocker.join("run.jsonl"), &[]).err().unwrap();
         assert!(format!("{err:#}").contains("--log"), "{err:#}");
+    }
+
+    #[test]
+    fn a_log_on_an_input_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let corpus = dir.path().join("corpus.txt");
+        std::fs::write(&corpus, "text").unwrap();
+        let via_dots = dir.path().join(".").join("corpus.txt");
+        let err = open(&via_dots, &[("corpus", &corpus)]).err().unwrap();
+        let err = format!("{err:#}");
+        assert!(err.contains("--log") && err.contains("corpus"), "{err}");
+        assert_eq!(std::fs::read_to_string(&corpus).unwrap(), "text");
+    }
+
+    #[test]
+    fn an_abandoned_log_leaves_no_trace() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = dir.path().join("old.jsonl");
+        std::fs::write(&old, "previous run\n").unwrap();
+        open(&old, &[]).unwrap().abandon();
+        assert_eq!(std::fs::read_to_string(&old).unwrap(), "previous run\n");
+
+        let new = dir.path().join("a/b/run.jsonl");
+        let log = open(&new, &[]).unwrap();
+        assert!(new.exists(), "created at open: the path is proven writable");
+        log.abandon();
+        assert!(!dir.path().join("a").exists(), "its directories went too");
+    }
+
+    #[test]
+    fn a_started_log_replaces_the_old_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.jsonl");
+        std::fs::write(&path, "a much longer previous run\n").unwrap();
+        let (bus, rx) = Bus::new(true);
+        let writer = LogWriter::start(open(&path, &[]).unwrap(), rx.log.unwrap(), bus.ui_only());
+        bus.send(Telemetry::Status {
+            status: RunStatus::Paused,
+        });
+        drop(bus);
+        assert_eq!(writer.finish(), None);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(text.contains("\"paused\""), "{text}");
     }
 }

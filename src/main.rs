@@ -6,6 +6,8 @@ mod sampler;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -37,50 +39,88 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
         None => None,
     };
     let config = args.resolve(resumed)?;
-    let log_file = args.log.as_deref().map(logger::open).transpose()?;
+    let inject_oom =
+        cli::inject_oom_steps(&args, std::env::var("HEADROOM_INJECT_OOM").ok().as_deref())?;
+    let inject_panic =
+        cli::inject_panic_step(std::env::var("HEADROOM_INJECT_PANIC").ok().as_deref())?;
+    // Checked now, truncated only once the trainer is ready: a run that fails to start
+    // leaves an existing log as it was.
+    let corpus = std::path::PathBuf::from(&config.data.corpus);
+    let mut inputs: Vec<(&str, &std::path::Path)> = Vec::new();
+    if !config.data.corpus.is_empty() {
+        inputs.push(("corpus", &corpus));
+    }
+    if let Some(c) = &args.config {
+        inputs.push(("config", c));
+    }
+    let log_file = args
+        .log
+        .as_deref()
+        .map(|p| logger::open(p, &inputs))
+        .transpose()?;
 
     let (bus, rx) = Bus::new(log_file.is_some());
-    let log_writer = match (log_file, rx.log) {
-        (Some(out), Some(lines)) => Some(logger::LogWriter::start(
-            out,
-            args.log.clone().unwrap_or_default(),
-            lines,
-            bus.ui_only(),
-        )),
-        _ => None,
-    };
     let (cmd_tx, cmd_rx) = bounded::<Command>(64);
     let headless = args.headless || !std::io::stdout().is_terminal();
 
-    let inject_oom =
-        cli::inject_oom_steps(&args, std::env::var("HEADROOM_INJECT_OOM").ok().as_deref())?;
     let opts = TrainOptions {
         checkpoint_dir: config.checkpoint_dir(),
         resume: args.resume.clone(),
         config: config.clone(),
         inject_oom,
+        inject_panic,
     };
     if !headless {
         // Before the trainer's own hook (installed by spawn), which then sees panics
         // first: a recovered OOM panic stays quiet instead of reaching this one.
         headroom_ui::install_panic_hook();
     }
-    let trainer = runner::spawn(opts, bus.clone(), cmd_rx).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let trainer = match runner::spawn(opts, bus.clone(), cmd_rx) {
+        Ok(t) => t,
+        Err(e) => {
+            if let Some(log) = log_file {
+                log.abandon();
+            }
+            anyhow::bail!("{e}");
+        }
+    };
+    // What the trainer sent while preparing waits in the log channel.
+    let log_writer = match (log_file, rx.log) {
+        (Some(log), Some(lines)) => Some(logger::LogWriter::start(log, lines, bus.ui_only())),
+        _ => None,
+    };
     let sampler = sampler::Sampler::start(bus.clone(), trainer.cuda_index(), config.run.sample_hz);
-    forward_signals(cmd_tx.clone())?;
+    let signalled = Arc::new(AtomicBool::new(false));
+    forward_signals(cmd_tx.clone(), Arc::clone(&signalled))?;
 
     let end = if headless {
         headless::run(rx.events, rx.metrics, config.run.progress_every)
     } else {
-        dashboard(&config.run.name, rx.events, rx.metrics, cmd_tx, &bus)?
+        dashboard(
+            &config.run.name,
+            rx.events,
+            rx.metrics,
+            cmd_tx,
+            &bus,
+            signalled,
+        )?
     };
 
     drop(sampler);
     let joined = trainer.join();
+    let dropped = bus.dropped();
     drop(bus);
     let log_error = log_writer.and_then(|w| w.finish());
     if let Some(e) = &log_error {
         eprintln!("headroom: warning: {e}");
+    }
+    if dropped > 0 {
+        // Said once at the end: the screen showed the count live; a log reader would
+        // otherwise take the gaps between samples for a stalled sampler.
+        eprintln!(
+            "headroom: {dropped} high-rate samples were dropped on the way to the screen or \
+             the log (a reader lagged); steps and events are never dropped"
+        );
     }
     finish(end, joined)
 }
@@ -91,8 +131,12 @@ fn dashboard(
     metrics: crossbeam_channel::Receiver<headroom_core::Telemetry>,
     commands: Sender<Command>,
     bus: &Bus,
+    signalled: Arc<AtomicBool>,
 ) -> Result<StreamEnd> {
-    let opts = headroom_ui::DashboardOptions::from_env(name);
+    let opts = headroom_ui::DashboardOptions {
+        signalled,
+        ..headroom_ui::DashboardOptions::from_env(name)
+    };
     let exit = headroom_ui::run_dashboard(events, metrics, commands, bus.dropped_counter(), opts)
         .context("the dashboard failed")?;
     if exit.force_quit {
@@ -105,8 +149,8 @@ fn dashboard(
 }
 
 /// SIGINT and SIGTERM stop the run gracefully (checkpoint, then exit 0) instead of killing
-/// it mid-step.
-fn forward_signals(commands: Sender<Command>) -> Result<()> {
+/// it mid-step; `signalled` tells a dashboard that outlived its trainer to close.
+fn forward_signals(commands: Sender<Command>, signalled: Arc<AtomicBool>) -> Result<()> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
         .context("installing signal handlers")?;
@@ -114,6 +158,7 @@ fn forward_signals(commands: Sender<Command>) -> Result<()> {
         .name("signals".into())
         .spawn(move || {
             for _ in signals.forever() {
+                signalled.store(true, Ordering::SeqCst);
                 let _ = commands.try_send(Command::Stop);
             }
         })

@@ -64,6 +64,10 @@ struct Sources {
     nvml: Option<Nvml>,
     cuda: CudaIndex,
     gpu_failed: bool,
+    /// NVML reads that answered; `fail_gpu_after` of them, then NVML "loses the GPU"
+    /// (`HEADROOM_INJECT_NVML_FAILURE=N`: the test of a driver failing mid-run).
+    gpu_reads: u64,
+    fail_gpu_after: Option<u64>,
     allocator_failed: bool,
     last_snapshot: Option<Instant>,
     snapshot_failed: bool,
@@ -106,6 +110,10 @@ impl Sources {
             nvml,
             cuda,
             gpu_failed: false,
+            gpu_reads: 0,
+            fail_gpu_after: std::env::var("HEADROOM_INJECT_NVML_FAILURE")
+                .ok()
+                .and_then(|v| v.trim().parse().ok()),
             allocator_failed: false,
             last_snapshot: None,
             snapshot_failed: false,
@@ -161,7 +169,14 @@ impl Sources {
                 power_w: dev.power_usage().ok().map(|mw| mw as f64 / 1000.0),
             })
         };
-        match read() {
+        let injected = self.fail_gpu_after.is_some_and(|n| self.gpu_reads >= n);
+        let result = if injected {
+            Err(nvml_wrapper::error::NvmlError::GpuLost)
+        } else {
+            read()
+        };
+        self.gpu_reads += 1;
+        match result {
             Ok(g) => Some(g),
             Err(e) => {
                 self.gpu_failed = true;

@@ -118,3 +118,52 @@ fn resume_continues_exactly_where_an_uninterrupted_run_would_be() {
         "steps 7..12 identical (CPU, same seed)"
     );
 }
+
+/// A checkpoint directory moved elsewhere (a backup, another machine) resumes into itself:
+/// the directory its config named at the start is relative to where that run ran, and
+/// writing (and pruning) there would touch another run's checkpoints.
+#[test]
+fn resume_saves_where_it_was_resumed_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = train_tiny(dir.path(), &["--steps", "4", "--checkpoint-dir", "ck"]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let backup = dir.path().join("backup");
+    std::fs::create_dir(&backup).unwrap();
+    std::fs::rename(dir.path().join("ck"), backup.join("ck")).unwrap();
+    // A different run now owns ./ck.
+    std::fs::create_dir(dir.path().join("ck")).unwrap();
+    std::fs::write(dir.path().join("ck/keep"), "another run").unwrap();
+    let resumed = common::bin()
+        .current_dir(dir.path())
+        .args([
+            "train",
+            "--headless",
+            "--resume",
+            "backup/ck",
+            "--steps",
+            "6",
+        ])
+        .output()
+        .unwrap();
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    assert_eq!(
+        std::fs::read_to_string(backup.join("ck/latest"))
+            .unwrap()
+            .trim(),
+        "step-000006"
+    );
+    let untouched: Vec<_> = std::fs::read_dir(dir.path().join("ck"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(untouched, ["keep"]);
+    // Resumed from one step directory, it saves beside it.
+    let again = common::bin()
+        .current_dir(dir.path())
+        .args(["train", "--headless", "--resume", "backup/ck/step-000006"])
+        .args(["--steps", "8"])
+        .output()
+        .unwrap();
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert!(backup.join("ck/step-000008/state.json").exists());
+}

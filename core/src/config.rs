@@ -347,6 +347,25 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// `line N (`the line`): what is wrong`, on one line. toml's own rendering draws a
+/// multi-line caret diagram that turns to noise once folded into one error line.
+fn parse_reason(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().trim().replace('\n', " ");
+    let Some(span) = e.span().filter(|s| s.start <= text.len()) else {
+        return message;
+    };
+    let line = text[..span.start].matches('\n').count() + 1;
+    let source = text.lines().nth(line - 1).unwrap_or("").trim();
+    if source.is_empty() {
+        return format!("line {line}: {message}");
+    }
+    let mut shown: String = source.chars().take(60).collect();
+    if shown.len() < source.len() {
+        shown.push_str("...");
+    }
+    format!("line {line} (`{shown}`): {message}")
+}
+
 fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         key: key.to_string(),
@@ -358,7 +377,7 @@ impl RunConfig {
     pub fn from_toml_str(text: &str, path: &Path) -> Result<Self, ConfigError> {
         toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_path_buf(),
-            reason: e.to_string(),
+            reason: parse_reason(text, &e),
         })
     }
 
@@ -452,7 +471,10 @@ impl RunConfig {
         }
         let o = &self.optim;
         if !(o.lr > 0.0 && o.lr.is_finite()) {
-            return Err(invalid("optim.lr", "must be a positive number"));
+            return Err(invalid(
+                "optim.lr",
+                format!("{} is not a positive number; use a rate like 3e-3", o.lr),
+            ));
         }
         if !(o.min_lr >= 0.0 && o.min_lr <= o.lr) {
             return Err(invalid(
@@ -565,6 +587,12 @@ mod tests {
         assert!(matches!(parse("[run\n"), Err(ConfigError::Parse { .. })));
         let err = parse("[run]\nsteps = \"many\"\n").unwrap_err().to_string();
         assert!(err.contains("steps"), "{err}");
+        // One readable line: where, the line itself, what is wrong.
+        assert!(
+            err.contains("line 2 (`steps = \"many\"`): invalid type"),
+            "{err}"
+        );
+        assert!(!err.contains('\n') && !err.contains('^'), "{err}");
     }
 
     #[test]

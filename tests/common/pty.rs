@@ -84,6 +84,12 @@ impl Pty {
         String::from_utf8_lossy(&self.output.lock().unwrap()).into_owned()
     }
 
+    /// The output gathered since the start or the previous take, removed from the
+    /// buffer: a long run's test keeps only what it needs instead of every byte.
+    pub fn take_output(&self) -> Vec<u8> {
+        std::mem::take(&mut *self.output.lock().unwrap())
+    }
+
     /// Waits until the screen output contains `needle`.
     pub fn wait_for(&self, needle: &str, timeout: Duration) -> bool {
         let start = Instant::now();
@@ -116,5 +122,16 @@ impl Pty {
         }
         let _ = self.child.kill();
         None
+    }
+}
+
+/// A test that fails (panics) mid-way must not leave its headroom running forever: the
+/// child is killed with the test.
+impl Drop for Pty {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }

@@ -4,7 +4,7 @@
 //! <root>/step-000120/model.safetensors      parameters (VarStore)
 //! <root>/step-000120/optimizer.safetensors  AdamW moments and step counter
 //! <root>/step-000120/state.json             format version, step, seed, tokens, config,
-//!                                           model fingerprint
+//!                                           model fingerprint, tensor-file checksums
 //! <root>/latest                             "step-000120"
 //! ```
 //!
@@ -13,10 +13,10 @@
 //! place; only then is `latest` replaced (write `latest.tmp`, rename). A crash at any point
 //! leaves the previous checkpoint reachable, plus at most a `.tmp-*` directory that loading
 //! ignores and the next save removes.
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::fs::{self, File};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use headroom_core::RunConfig;
@@ -57,6 +57,12 @@ pub struct CheckpointState {
     /// instead of relearning it (absent in checkpoints from before the controller).
     #[serde(default)]
     pub micro_batch: Option<usize>,
+    /// A digest of each tensor file ([`digest_file`]), checked before the file is read:
+    /// safetensors carries no checksum of its own, so a flipped or zeroed byte in a
+    /// tensor would otherwise load as a silently wrong weight. Filled in by [`save`];
+    /// absent in older checkpoints, which load unchecked.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub checksums: BTreeMap<String, String>,
 }
 
 impl CheckpointState {
@@ -75,6 +81,7 @@ impl CheckpointState {
             config: config.clone(),
             model: fingerprint(model),
             micro_batch: Some(micro_batch),
+            checksums: BTreeMap::new(),
         }
     }
 }
@@ -186,6 +193,12 @@ pub fn check_writable(root: &Path) -> Result<(), CheckpointError> {
         root: root.to_path_buf(),
         reason: e.to_string(),
     };
+    if root.exists() && !root.is_dir() {
+        return Err(CheckpointError::NotWritable {
+            root: root.to_path_buf(),
+            reason: "it is a file, not a directory".into(),
+        });
+    }
     fs::create_dir_all(root).map_err(err)?;
     let probe = root.join(format!(".write-probe-{}", std::process::id()));
     File::create(&probe)
@@ -237,8 +250,13 @@ pub fn save(
         let optim_path = tmp.join(OPTIM_FILE);
         Tensor::write_safetensors(&opt.state_tensors(), &optim_path)
             .map_err(|e| werr(&optim_path, &e))?;
+        let mut state = state.clone();
+        for (file, path) in [(MODEL_FILE, &model_path), (OPTIM_FILE, &optim_path)] {
+            let sum = digest_file(path).map_err(|e| werr(path, &e))?;
+            state.checksums.insert(file.into(), sum);
+        }
         let state_path = tmp.join(STATE_FILE);
-        let json = serde_json::to_vec_pretty(state).map_err(|e| werr(&state_path, &e))?;
+        let json = serde_json::to_vec_pretty(&state).map_err(|e| werr(&state_path, &e))?;
         fs::write(&state_path, json).map_err(|e| werr(&state_path, &e))?;
         for file in [&model_path, &optim_path, &state_path] {
             fsync(file).map_err(|e| werr(file, &e))?;
@@ -250,12 +268,15 @@ pub fn save(
         return Err(e);
     }
 
-    // rename(2) cannot replace a non-empty directory. The target exists only when a step
-    // is saved twice (same training state), so delete-then-rename risks nothing new.
+    // rename(2) cannot replace a non-empty directory. The target exists when a step is
+    // saved twice (a resumed run passing a step it saved before): swap the two atomically,
+    // so `latest` never names a missing directory, then drop the old one, now at `tmp`.
     if dir.exists() {
-        fs::remove_dir_all(&dir).map_err(|e| werr(&dir, &e))?;
+        exchange(&tmp, &dir).map_err(|e| werr(&dir, &e))?;
+        let _ = fs::remove_dir_all(&tmp);
+    } else {
+        fs::rename(&tmp, &dir).map_err(|e| werr(&dir, &e))?;
     }
-    fs::rename(&tmp, &dir).map_err(|e| werr(&dir, &e))?;
 
     let latest_tmp = root.join(format!("{LATEST}.tmp"));
     fs::write(&latest_tmp, format!("{name}\n")).map_err(|e| werr(&latest_tmp, &e))?;
@@ -265,6 +286,38 @@ pub fn save(
 
     prune(root, &name);
     Ok(dir)
+}
+
+/// Swaps two directories in one step (`renameat2(RENAME_EXCHANGE)`). Where the file
+/// system cannot, falls back to delete-then-rename, whose gap a crash must hit exactly.
+fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+    };
+    let (ca, cb) = (c(a)?, c(b)?);
+    // SAFETY: two valid NUL-terminated paths, relative to the current directory.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            ca.as_ptr(),
+            libc::AT_FDCWD,
+            cb.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    match err.raw_os_error() {
+        Some(libc::EINVAL) | Some(libc::ENOSYS) => {
+            fs::remove_dir_all(b)?;
+            fs::rename(a, b)
+        }
+        _ => Err(err),
+    }
 }
 
 fn fsync(path: &Path) -> std::io::Result<()> {
@@ -449,7 +502,7 @@ impl Checkpoint {
     /// [`Checkpoint::verify_model`]). Every tensor is read and checked before any is copied.
     pub fn restore(&self, model: &Gpt, opt: &mut AdamW) -> Result<(), CheckpointError> {
         self.verify_model(model)?;
-        let params = self.read_tensors(MODEL_FILE)?;
+        let (params, model_sum) = self.read_tensors(MODEL_FILE)?;
         let model_file = self.dir.join(MODEL_FILE);
         let corrupt = |file: &Path, reason: String| CheckpointError::Corrupt {
             file: file.to_path_buf(),
@@ -472,8 +525,17 @@ impl Checkpoint {
             }
             pairs.push((param, src));
         }
-        let optim: Vec<(String, Tensor)> = self.read_tensors(OPTIM_FILE)?.into_iter().collect();
+        // After the shapes: a file from another model is better named by its first
+        // differing parameter than by its checksum.
+        if let Some(reason) = model_sum {
+            return Err(corrupt(&model_file, reason));
+        }
+        let (optim, optim_sum) = self.read_tensors(OPTIM_FILE)?;
         let optim_file = self.dir.join(OPTIM_FILE);
+        if let Some(reason) = optim_sum {
+            return Err(corrupt(&optim_file, reason));
+        }
+        let optim: Vec<(String, Tensor)> = optim.into_iter().collect();
         opt.load_state(&optim)
             .map_err(|e| corrupt(&optim_file, e.to_string()))?;
         let _guard = tch::no_grad_guard();
@@ -485,7 +547,11 @@ impl Checkpoint {
         Ok(())
     }
 
-    fn read_tensors(&self, file: &str) -> Result<HashMap<String, Tensor>, CheckpointError> {
+    /// The tensors of `file`, and why its checksum does not match (when it does not).
+    fn read_tensors(
+        &self,
+        file: &str,
+    ) -> Result<(HashMap<String, Tensor>, Option<String>), CheckpointError> {
         let path = self.dir.join(file);
         if !path.exists() {
             return Err(CheckpointError::Incomplete {
@@ -493,17 +559,91 @@ impl Checkpoint {
                 file: file.into(),
             });
         }
-        let tensors = Tensor::read_safetensors(&path).map_err(|e| CheckpointError::Corrupt {
+        let corrupt = |reason: String| CheckpointError::Corrupt {
             file: path.clone(),
-            reason: e.to_string(),
-        })?;
-        Ok(tensors.into_iter().collect())
+            reason,
+        };
+        let mut mismatch = None;
+        if let Some(want) = self.state.checksums.get(file) {
+            let found = digest_file(&path).map_err(|e| corrupt(e.to_string()))?;
+            if found != *want {
+                mismatch = Some(format!(
+                    "its checksum is {found}, {STATE_FILE} recorded {want}"
+                ));
+            }
+        }
+        let tensors = Tensor::read_safetensors(&path).map_err(|e| corrupt(e.to_string()))?;
+        Ok((tensors.into_iter().collect(), mismatch))
     }
+}
+
+/// `h64:` and 16 hex digits: a fast non-cryptographic digest of the file's bytes and
+/// length. It catches corruption, not tampering: any single changed 8-byte word always
+/// changes it (every step is a bijection of the state), other damage almost surely.
+pub fn digest_file(path: &Path) -> std::io::Result<String> {
+    const K: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mix = |h: u64, w: u64| (h.rotate_left(29) ^ w).wrapping_mul(K);
+    // Four independent lanes keep the multiplier busy; chunks are a multiple of 32.
+    let mut lanes = [K, K ^ 1, K ^ 2, K ^ 3];
+    let mut file = File::open(path)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let (mut len, mut fill) = (0u64, 0usize);
+    let mut tail = Vec::new();
+    loop {
+        let n = file.read(&mut buf[fill..])?;
+        fill += n;
+        len += n as u64;
+        if n != 0 && fill < buf.len() {
+            continue;
+        }
+        let whole = fill - fill % 32;
+        for block in buf[..whole].chunks_exact(32) {
+            for (i, lane) in lanes.iter_mut().enumerate() {
+                let w = u64::from_le_bytes(block[i * 8..i * 8 + 8].try_into().unwrap());
+                *lane = mix(*lane, w);
+            }
+        }
+        if n == 0 {
+            tail.extend_from_slice(&buf[whole..fill]);
+            break;
+        }
+        buf.copy_within(whole..fill, 0);
+        fill -= whole;
+    }
+    let mut h = lanes.iter().fold(len, |h, &l| mix(h, l));
+    for &b in &tail {
+        h = mix(h, u64::from(b));
+    }
+    h = mix(h, len);
+    Ok(format!("h64:{:016x}", h ^ (h >> 32)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_digest_sees_every_byte_and_the_length() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let bytes: Vec<u8> = (0..(3 << 20) + 45).map(|i| (i * 31 % 251) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let base = digest_file(&path).unwrap();
+        assert!(base.starts_with("h64:") && base.len() == 20, "{base}");
+        assert_eq!(digest_file(&path).unwrap(), base, "deterministic");
+        for at in [0, 31, 32, 1 << 20, (1 << 20) + 7, bytes.len() - 1] {
+            let mut b = bytes.clone();
+            b[at] ^= 0x10;
+            std::fs::write(&path, &b).unwrap();
+            assert_ne!(digest_file(&path).unwrap(), base, "byte {at}");
+        }
+        std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
+        assert_ne!(digest_file(&path).unwrap(), base, "truncated");
+        let mut longer = bytes.clone();
+        longer.push(0);
+        std::fs::write(&path, &longer).unwrap();
+        assert_ne!(digest_file(&path).unwrap(), base, "zero appended");
+    }
 
     #[test]
     fn step_dir_names_round_trip() {

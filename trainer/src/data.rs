@@ -7,6 +7,7 @@
 //! step number, no sampler state.
 use std::borrow::Cow;
 use std::fmt;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use tch::{Device, TchError, Tensor};
@@ -29,6 +30,9 @@ pub enum DataError {
         reason: String,
     },
     Empty {
+        path: PathBuf,
+    },
+    Directory {
         path: PathBuf,
     },
     Binary {
@@ -62,6 +66,11 @@ impl fmt::Display for DataError {
             DataError::Empty { path } => write!(
                 f,
                 "corpus {} is empty; pass a text file with content to --corpus",
+                path.display()
+            ),
+            DataError::Directory { path } => write!(
+                f,
+                "corpus {} is a directory; pass a text file to --corpus",
                 path.display()
             ),
             DataError::Binary { path, why } => write!(
@@ -250,8 +259,16 @@ impl Dataset {
     }
 }
 
+/// Reads the corpus, checking it is text as the bytes arrive: a device or pipe that never
+/// ends (`/dev/zero`, `/dev/urandom`) is refused at its first bad byte instead of being
+/// read until memory runs out.
 fn read_text(path: &Path) -> Result<Vec<u8>, DataError> {
-    let bytes = std::fs::read(path).map_err(|e| match e.kind() {
+    if path.is_dir() {
+        return Err(DataError::Directory {
+            path: path.to_path_buf(),
+        });
+    }
+    let unreadable = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::NotFound => DataError::Missing {
             path: path.to_path_buf(),
         },
@@ -259,25 +276,55 @@ fn read_text(path: &Path) -> Result<Vec<u8>, DataError> {
             path: path.to_path_buf(),
             reason: e.to_string(),
         },
-    })?;
+    };
+    let mut file = std::fs::File::open(path).map_err(unreadable)?;
+    let mut bytes = Vec::new();
+    let mut chunk = vec![0u8; 1 << 20];
+    // bytes[..checked] is known text; the rest is at most an unfinished UTF-8 sequence.
+    let mut checked = 0;
+    loop {
+        let n = match file.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(unreadable(e)),
+        };
+        bytes.extend_from_slice(&chunk[..n]);
+        checked = check_text(path, &bytes, checked)?;
+    }
     if bytes.is_empty() {
         return Err(DataError::Empty {
             path: path.to_path_buf(),
         });
     }
-    if let Some(at) = bytes.iter().position(|&b| b == 0) {
-        return Err(DataError::Binary {
-            path: path.to_path_buf(),
-            why: format!("a NUL byte at offset {at}"),
-        });
-    }
-    if let Err(e) = std::str::from_utf8(&bytes) {
-        return Err(DataError::Binary {
-            path: path.to_path_buf(),
-            why: format!("not valid UTF-8 at byte {}", e.valid_up_to()),
-        });
+    if checked < bytes.len() {
+        return Err(not_utf8(path, checked));
     }
     Ok(bytes)
+}
+
+/// Checks `bytes[from..]` for NUL bytes and invalid UTF-8; returns how far the text is
+/// whole (short of the end when a multi-byte character is cut by the read).
+fn check_text(path: &Path, bytes: &[u8], from: usize) -> Result<usize, DataError> {
+    let new = &bytes[from..];
+    if let Some(at) = new.iter().position(|&b| b == 0) {
+        return Err(DataError::Binary {
+            path: path.to_path_buf(),
+            why: format!("a NUL byte at offset {}", from + at),
+        });
+    }
+    match std::str::from_utf8(new) {
+        Ok(_) => Ok(bytes.len()),
+        Err(e) if e.error_len().is_none() => Ok(from + e.valid_up_to()),
+        Err(e) => Err(not_utf8(path, from + e.valid_up_to())),
+    }
+}
+
+fn not_utf8(path: &Path, at: usize) -> DataError {
+    DataError::Binary {
+        path: path.to_path_buf(),
+        why: format!("not valid UTF-8 at byte {at}"),
+    }
 }
 
 pub use headroom_core::units::splitmix64;
@@ -348,6 +395,26 @@ mod tests {
             "{err}"
         );
         assert!(err.contains("data.seq_len"), "{err}");
+    }
+
+    #[test]
+    fn text_is_checked_across_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        // 3-byte characters straddle the 1 MiB read boundaries: still text.
+        let text = "\u{2603}".repeat(800_000);
+        let path = dir.path().join("snow.txt");
+        std::fs::write(&path, &text).unwrap();
+        assert_eq!(read_text(&path).unwrap().len(), text.len());
+        // The file ends inside a character.
+        std::fs::write(&path, &text.as_bytes()[..text.len() - 1]).unwrap();
+        let err = read_text(&path).unwrap_err().to_string();
+        assert!(err.contains("not valid UTF-8 at byte 2399997"), "{err}");
+        // A NUL past the first read is found where it is.
+        let mut bytes = text.into_bytes();
+        bytes[(1 << 20) + 5] = 0;
+        std::fs::write(&path, &bytes).unwrap();
+        let err = read_text(&path).unwrap_err().to_string();
+        assert!(err.contains("a NUL byte at offset 1048581"), "{err}");
     }
 
     #[test]

@@ -44,6 +44,10 @@ pub struct TrainOptions {
     /// Steps (1-based) whose first attempt raises a real out-of-memory error inside the
     /// step (`--inject-oom`, `HEADROOM_INJECT_OOM`).
     pub inject_oom: Vec<u64>,
+    /// A step whose first attempt panics inside the step (`HEADROOM_INJECT_PANIC`): the
+    /// path a bug in the trainer takes, for the tests that the screen, the exit code and
+    /// the terminal survive one.
+    pub inject_panic: Option<u64>,
 }
 
 /// Why a run could not start.
@@ -255,6 +259,7 @@ struct Trainer {
     meter: PeakMeter,
     /// Steps whose first attempt is made to run out of memory; each fires once.
     inject_oom: BTreeSet<u64>,
+    inject_panic: Option<u64>,
     /// `--hard-limit` is on: allocation failures that do not say "memory" are OOMs too.
     hard_limit: bool,
     /// Said once the run has started (the UI learns the run before its details).
@@ -284,7 +289,6 @@ impl Trainer {
             .device()
             .map_err(|e| TrainError::Config(e.to_string()))?;
         let device = device::resolve(choice, bus)?;
-        checkpoint::check_writable(&opts.checkpoint_dir)?;
         let resumed = opts.resume.as_deref().map(checkpoint::load).transpose()?;
 
         let torch = |what: &str, e: TchError| TrainError::Torch(format!("{what} failed: {e}"));
@@ -325,6 +329,9 @@ impl Trainer {
                 )
             }
         };
+        // After the checkpoint loaded: proving the directory writable creates it, and a
+        // resume that fails must not leave an empty one behind.
+        checkpoint::check_writable(&opts.checkpoint_dir)?;
 
         // Resuming starts at the micro-batch the run had settled on, unless the user asked
         // for another one (--batch-size) this time.
@@ -342,6 +349,7 @@ impl Trainer {
             controller,
             meter,
             inject_oom: opts.inject_oom.iter().copied().collect(),
+            inject_panic: opts.inject_panic,
             hard_limit: cfg.memory.hard_limit,
             startup_notices,
             effective_batch: cfg.batch.effective(),
@@ -536,7 +544,11 @@ impl Trainer {
             }
             let t0 = Instant::now();
             let (model, opt, data) = (&self.model, &mut self.opt, &self.data);
+            let panic_now = self.inject_panic.take_if(|p| *p == s).is_some();
             let error = match attempt(self.hard_limit, || {
+                if panic_now {
+                    panic!("injected panic in step {s} (HEADROOM_INJECT_PANIC)");
+                }
                 step::train_step(model, opt, data, &plan)
             }) {
                 Ok(out) => {

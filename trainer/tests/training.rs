@@ -344,6 +344,39 @@ fn checkpoints_are_atomic_and_pruned() {
     assert_eq!(checkpoint::load(&root).unwrap().state.step, 10);
 }
 
+/// Resumed from an older step, a run saves a step it saved before: the new one takes its
+/// place in one swap (`latest` never names a missing directory) and nothing is left over.
+#[test]
+fn a_step_saved_twice_is_replaced_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ck");
+    let mut cfg = tiny();
+    cfg.run.steps = 4;
+    cfg.run.checkpoint_every = 2;
+    run(opts(cfg, &root, None)).result.unwrap();
+    let first = checkpoint::load(&root.join("step-000004")).unwrap().state;
+    let mut again = tiny();
+    again.run.steps = 4;
+    again.run.checkpoint_every = 2;
+    again.batch.micro_batch = first.micro_batch.unwrap() / 2;
+    again.memory.adaptive = false;
+    run(opts(again, &root, Some(root.join("step-000002"))))
+        .result
+        .unwrap();
+    let second = checkpoint::load(&root).unwrap().state;
+    assert_eq!(second.step, 4);
+    assert_ne!(
+        second.micro_batch, first.micro_batch,
+        "the new save is in place"
+    );
+    let mut names: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["latest", "step-000002", "step-000004"]);
+}
+
 #[test]
 fn commands_are_answered_with_what_was_applied() {
     let dir = tempfile::tempdir().unwrap();

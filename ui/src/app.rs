@@ -498,6 +498,8 @@ impl App {
         };
         match self.sample.as_ref().and_then(|s| s.gpu.as_ref()) {
             Some(g) => format!("{} · {} · {}", info.device, g.name, fmt_bytes(g.mem_total)),
+            // CUDA without NVML (or after it stopped answering): the name is the label.
+            None if info.device_name == info.device => info.device.clone(),
             None => format!("{} · {}", info.device, info.device_name),
         }
     }

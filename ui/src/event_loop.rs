@@ -26,6 +26,9 @@ pub struct DashboardOptions {
     pub color: bool,
     /// Minimum time between frames.
     pub frame_interval: Duration,
+    /// Set by SIGINT/SIGTERM. A running trainer hears those itself (they stop it and the
+    /// loop ends with its summary); a failed run's screen, which waits for `q`, closes.
+    pub signalled: Arc<AtomicBool>,
 }
 
 impl DashboardOptions {
@@ -34,6 +37,7 @@ impl DashboardOptions {
             run_name: run_name.to_string(),
             color: std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
             frame_interval: Duration::from_millis(50),
+            signalled: Arc::new(AtomicBool::new(false)),
         }
     }
 }
@@ -89,6 +93,7 @@ pub fn drive<B: Backend>(
 ) -> io::Result<DashboardExit> {
     let mut app = App::new(&opts.run_name, opts.color);
     let frames = tick(opts.frame_interval);
+    let mut events = events.clone();
     let started = Instant::now();
     let mut exit = DashboardExit::default();
     let mut dirty = true;
@@ -120,11 +125,22 @@ pub fn drive<B: Backend>(
                     dirty = true;
                     match msg {
                         Telemetry::Finished(s) => { exit.summary = Some(s); break; }
-                        Telemetry::Failed { reason } => { exit.failure = Some(reason); break; }
+                        // The screen stays, with the reason and the state the run failed
+                        // in, until the user has read it (`q`).
+                        Telemetry::Failed { reason } => {
+                            exit.failure = Some(reason);
+                            app.apply(&Telemetry::Notice(Notice::new(
+                                Level::Error,
+                                "ui",
+                                "the run failed: q closes the screen (the reason is printed again)",
+                            )));
+                        }
                         _ => {}
                     }
                 }
-                // The trainer is gone without a last word; main reports its join result.
+                // After a failure the trainer is gone by design; otherwise it left without
+                // a last word, and main reports its join result.
+                Err(_) if app.is_over() => events = never(),
                 Err(_) => break,
             },
             recv(metrics) -> msg => match msg {
@@ -141,6 +157,9 @@ pub fn drive<B: Backend>(
                 app.set_elapsed(now);
                 app.set_dropped(n_dropped);
                 draw_now = dirty || clock_moved || drops_moved;
+                if app.is_over() && opts.signalled.load(Ordering::SeqCst) {
+                    break;
+                }
             },
         }
         if draw_now {

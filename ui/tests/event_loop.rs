@@ -4,7 +4,8 @@
 //! Ordering is made deterministic by waiting on what the loop does (a command arriving,
 //! a channel drained, a key taken from a rendezvous channel), never by sleeping.
 use std::io;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -23,6 +24,7 @@ struct Harness {
     events: Sender<Telemetry>,
     metrics: Sender<Telemetry>,
     commands: Receiver<Command>,
+    signalled: Arc<AtomicBool>,
     running: JoinHandle<(io::Result<DashboardExit>, Terminal<TestBackend>)>,
 }
 
@@ -44,7 +46,9 @@ impl Harness {
             run_name: "test".into(),
             color: false,
             frame_interval: Duration::from_millis(10),
+            signalled: Arc::new(AtomicBool::new(false)),
         };
+        let signalled = Arc::clone(&opts.signalled);
         let running = std::thread::spawn(move || {
             let mut terminal = Terminal::new(TestBackend::new(100, 30)).expect("test backend");
             let dropped = AtomicU64::new(0);
@@ -64,6 +68,7 @@ impl Harness {
             events,
             metrics,
             commands,
+            signalled,
             running,
         }
     }
@@ -143,17 +148,62 @@ fn finished_ends_the_loop_with_the_summary() {
     assert!(!exit.force_quit && exit.failure.is_none());
 }
 
+/// A failure keeps the screen, with its reason, after the trainer is gone: `q` closes it.
 #[test]
-fn failed_ends_the_loop_with_the_reason() {
+fn failed_holds_the_screen_until_q_and_ends_with_the_reason() {
     let h = Harness::start(8, &[]);
-    h.events
-        .send(Telemetry::Failed {
-            reason: "trainer panicked: boom".into(),
-        })
-        .unwrap();
-    let (exit, _) = h.end();
+    h.event(Telemetry::Failed {
+        reason: "trainer panicked: boom".into(),
+    });
+    let Harness {
+        keys,
+        events,
+        running,
+        ..
+    } = h;
+    drop(events); // the trainer thread ends after its last word
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!running.is_finished(), "the screen closed by itself");
+    keys.send(Ok(Event::Key(KeyEvent::new(
+        KeyCode::Char('q'),
+        KeyModifiers::NONE,
+    ))))
+    .unwrap();
+    let (exit, terminal) = running.join().expect("loop thread");
+    let exit = exit.expect("loop ok");
     assert_eq!(exit.failure.as_deref(), Some("trainer panicked: boom"));
-    assert!(exit.summary.is_none());
+    assert!(exit.summary.is_none() && !exit.force_quit);
+    let screen = format!("{}", terminal.backend());
+    assert!(
+        screen.contains("failed: trainer panicked: boom"),
+        "{screen}"
+    );
+}
+
+/// SIGTERM reaches a running trainer, not the loop; once the run has failed there is no
+/// trainer to hear it, so the failed screen closes on the signal itself.
+#[test]
+fn a_signal_closes_a_failed_screen() {
+    let h = Harness::start(8, &[]);
+    h.signalled.store(true, Ordering::SeqCst);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !h.running.is_finished(),
+        "a running trainer's loop waits for it"
+    );
+    h.event(Telemetry::Failed {
+        reason: "boom".into(),
+    });
+    let deadline = std::time::Instant::now() + WAIT;
+    while !h.running.is_finished() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still open after the signal"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (exit, _) = h.end();
+    assert_eq!(exit.failure.as_deref(), Some("boom"));
 }
 
 #[test]

@@ -34,6 +34,7 @@ pub fn opts(config: RunConfig, dir: &Path, resume: Option<PathBuf>) -> TrainOpti
         checkpoint_dir: dir.to_path_buf(),
         resume,
         inject_oom: Vec::new(),
+        inject_panic: None,
     }
 }
 
