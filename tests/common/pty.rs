@@ -36,6 +36,11 @@ impl Pty {
         // SAFETY: both fds were just returned by openpty and are owned here.
         let (master, slave) =
             unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+        // openpty does not set close-on-exec: a child holding the master keeps its own
+        // terminal open after the test is gone, blocked forever writing to a full pty.
+        // SAFETY: F_SETFD on a descriptor we own.
+        let rc = unsafe { libc::fcntl(master.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
+        assert_eq!(rc, 0, "FD_CLOEXEC on the pty master");
         cmd.stdin(Stdio::from(slave.try_clone().unwrap()))
             .stdout(Stdio::from(slave.try_clone().unwrap()))
             .stderr(Stdio::from(slave.try_clone().unwrap()))
