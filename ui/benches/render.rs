@@ -6,9 +6,10 @@
 //! the same process, for an empty frame; and the share of the 50 ms frame interval used.
 use std::time::{Duration, Instant};
 
+use headroom_core::policy::{Decision, ResizeReason};
 use headroom_core::{
-    AllocatorStats, EvalMetrics, GpuStats, HostStats, Level, Notice, StepMetrics, SystemSample,
-    Telemetry,
+    AllocatorStats, BlockRun, EvalMetrics, GpuStats, HostStats, Level, Notice, Segment, SegmentMap,
+    StepMemory, StepMetrics, SystemSample, Telemetry,
 };
 use headroom_ui::app::App;
 use headroom_ui::view::render;
@@ -54,6 +55,30 @@ fn full_app() -> App {
                 ..Default::default()
             }),
         }));
+        let limit = 80u64 << 30;
+        let peak = (60u64 << 30) + (n % 1000) * (10 << 20);
+        app.apply(&Telemetry::StepMemory(StepMemory {
+            step: n,
+            micro_batch: 32,
+            seq_len: 1024,
+            peak_bytes: peak,
+            predicted_bytes: Some(peak + (200 << 20)),
+            limit_bytes: limit,
+            usage: peak as f64 / limit as f64,
+        }));
+        if n % 1000 == 0 {
+            // Event marks on the memory chart and entries in the log.
+            app.apply(&Telemetry::Decision {
+                step: n,
+                decision: Decision::Resize {
+                    from: 32,
+                    to: 40,
+                    reason: ResizeReason::Grow,
+                    usage: 0.8,
+                    predicted: Some(0.88),
+                },
+            });
+        }
         if n % 100 == 0 {
             app.apply(&Telemetry::Eval(EvalMetrics {
                 step: n,
@@ -68,6 +93,25 @@ fn full_app() -> App {
             )));
         }
     }
+    // A fragmented allocator: 64 segments, each a run of alternating blocks.
+    let segments = (0..64u64)
+        .map(|i| Segment {
+            address: i << 32,
+            total_size: 512 << 20,
+            pool: "large".into(),
+            runs: (0..16)
+                .map(|j| BlockRun {
+                    size: 32 << 20,
+                    allocated: (i + j) % 3 != 0,
+                })
+                .collect(),
+        })
+        .collect();
+    app.apply(&Telemetry::Segments(SegmentMap {
+        segments,
+        omitted_segments: 100,
+        omitted_bytes: 20 << 30,
+    }));
     app
 }
 
@@ -100,7 +144,7 @@ fn main() {
     let built = Instant::now();
     let app = full_app();
     println!(
-        "state: 200k steps + 200k samples folded in {:.2} s; loss history {} points, memory {} points, {} events",
+        "state: 200k steps, step memories and samples, 200 decisions, a 64-segment map folded in {:.2} s; loss history {} points, memory {} points, {} events",
         built.elapsed().as_secs_f64(),
         app.loss.points().len(),
         app.memory.points().len(),
