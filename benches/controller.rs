@@ -1,5 +1,5 @@
 //! Batch-size strategies under a real memory cap: headroom's controller against the two
-//! usual ways of finding a batch size, on one model and one budget, CPU, with real
+//! usual ways of finding a batch size, on two models and one budget, CPU, with real
 //! out-of-memory errors (RLIMIT_DATA, the trainer's `--hard-limit`).
 //!
 //!     ./dev cargo bench --bench controller                  # 40 optimizer steps per run
@@ -25,7 +25,8 @@
 //!   Credited with resuming at the failed step (real accelerate re-runs the function).
 //!
 //! Scenarios: `fixed` (every step 64 tokens) and `ramp` (16 → 64 tokens over the first
-//! half of the run): a size found on short sequences runs out of memory later.
+//! half of the run): a size found on short sequences runs out of memory later; `wide` and
+//! `wide-ramp` are the same with a second model (2 layers × 384 instead of 4 × 128).
 //!
 //! Each (strategy, scenario) runs in a child process (this executable, re-executed with
 //! `HEADROOM_BENCH_CONTROLLER=strategy:scenario:steps`), because the cap is process-wide;
@@ -59,7 +60,9 @@ const HEADROOM_START: usize = 32;
 /// Lightning's `steps_per_trial` default.
 const STEPS_PER_TRIAL: usize = 3;
 const STRATEGIES: [&str; 3] = ["headroom", "lightning", "accelerate"];
-const SCENARIOS: [&str; 2] = ["fixed", "ramp"];
+/// `wide*`: the second model, 2 layers × 384 wide (3.6M parameters) instead of the
+/// default 4 × 128 (0.83M): fewer, wider layers, so more memory per token.
+const SCENARIOS: [&str; 4] = ["fixed", "ramp", "wide", "wide-ramp"];
 
 fn config(scenario: &str, steps: u64) -> RunConfig {
     let mut c = RunConfig::default();
@@ -70,7 +73,12 @@ fn config(scenario: &str, steps: u64) -> RunConfig {
     c.run.checkpoint_every = 0;
     c.run.eval_batches = 1;
     c.data.seq_len = SEQ_LEN;
-    if scenario == "ramp" {
+    if scenario.starts_with("wide") {
+        c.model.n_layer = 2;
+        c.model.n_embd = 384;
+        c.model.n_head = 6;
+    }
+    if scenario.ends_with("ramp") {
         c.data.lengths = Lengths::Ramp;
         c.data.min_seq_len = MIN_SEQ_LEN;
         c.data.ramp_steps = (steps / 2).max(1);
@@ -660,7 +668,7 @@ fn main() {
     let steps = args.steps;
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
-        "batch-size strategies: default model (0.83M params), CPU ({cores} cores), budget \
+        "batch-size strategies: default model (0.83M params; `wide`: 3.6M), CPU ({cores} cores), budget \
          {BUDGET} as a hard cap (RLIMIT_DATA), effective batch {EFFECTIVE}, {steps} \
          optimizer steps; fixed = {SEQ_LEN} tokens, ramp = {MIN_SEQ_LEN} → {SEQ_LEN} over \
          {} steps; glibc serves allocations of 64 KiB and up by mmap under the cap (as \
