@@ -44,6 +44,9 @@ pub struct TrainArgs {
     pub effective_batch: Option<usize>,
     #[arg(long, value_name = "N")]
     pub seed: Option<u64>,
+    /// libtorch intra-op threads (0: one per core); fewer can be faster on a busy machine
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
     /// No dashboard: progress lines on stderr (automatic when stdout is not a terminal)
     #[arg(long)]
     pub headless: bool,
@@ -149,6 +152,9 @@ impl TrainArgs {
         }
         if let Some(n) = self.seed {
             cfg.run.seed = n;
+        }
+        if let Some(n) = self.threads {
+            cfg.run.threads = n;
         }
         if let Some(dir) = &self.checkpoint_dir {
             cfg.run.checkpoint_dir = dir.to_string_lossy().into_owned();

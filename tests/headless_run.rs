@@ -167,3 +167,34 @@ fn resume_saves_where_it_was_resumed_from() {
     assert!(again.status.success(), "{}", stderr(&again));
     assert!(backup.join("ck/step-000008/state.json").exists());
 }
+
+/// `--threads` reaches libtorch, and the run says how many it uses either way.
+#[test]
+fn threads_are_set_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let notices = |args: &[&str]| -> Vec<String> {
+        let out = train_tiny(dir.path(), args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        of_kind(&read_log(&dir.path().join("t.jsonl")), "notice")
+            .iter()
+            .filter(|n| n["source"] == "torch")
+            .map(|n| n["text"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let set = notices(&["--steps", "2", "--threads", "1", "--log", "t.jsonl"]);
+    assert_eq!(
+        set,
+        ["libtorch uses 1 intra-op thread (run.threads)"],
+        "{set:?}"
+    );
+    let default = notices(&["--steps", "2", "--log", "t.jsonl"]);
+    assert_eq!(default.len(), 1, "{default:?}");
+    assert!(default[0].contains("(its default)"), "{default:?}");
+    let out = train_tiny(dir.path(), &["--threads", "5000"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("run.threads (--threads)"),
+        "{}",
+        stderr(&out)
+    );
+}

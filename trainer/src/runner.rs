@@ -289,6 +289,9 @@ impl Trainer {
             .device()
             .map_err(|e| TrainError::Config(e.to_string()))?;
         let device = device::resolve(choice, bus)?;
+        if cfg.run.threads > 0 {
+            tch::set_num_threads(cfg.run.threads as i32);
+        }
         let resumed = opts.resume.as_deref().map(checkpoint::load).transpose()?;
 
         let torch = |what: &str, e: TchError| TrainError::Torch(format!("{what} failed: {e}"));
@@ -342,7 +345,23 @@ impl Trainer {
                 ck.state.micro_batch.filter(|_| unchanged)
             })
             .unwrap_or(cfg.batch.micro_batch);
-        let (controller, meter, startup_notices) = Self::memory_policy(&cfg, device, start_micro)?;
+        let (controller, meter, mut startup_notices) =
+            Self::memory_policy(&cfg, device, start_micro)?;
+        let threads = match tch::get_num_threads() {
+            1 => "1 intra-op thread".to_string(),
+            n => format!("{n} intra-op threads"),
+        };
+        startup_notices.push(Notice::new(
+            Level::Info,
+            "torch",
+            match cfg.run.threads {
+                0 => format!(
+                    "libtorch uses {threads} (its default); on a busy machine \
+                     --threads 1 can be faster"
+                ),
+                _ => format!("libtorch uses {threads} (run.threads)"),
+            },
+        ));
         let val_offsets = data.val_offsets(cfg.run.eval_batches * cfg.batch.micro_batch);
         Ok(Trainer {
             schedule: Schedule::new(&cfg.optim, cfg.run.steps),
