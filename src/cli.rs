@@ -162,12 +162,9 @@ impl TrainArgs {
             // A resumed run goes on saving where it was resumed from: the directory its
             // config named may be relative to wherever it first ran (`--resume
             // ../backup/ck` must not write to, and prune, `./ck`).
-            let root = if dir.join("state.json").exists() {
-                dir.parent().unwrap_or(dir)
-            } else {
-                dir
-            };
-            cfg.run.checkpoint_dir = root.to_string_lossy().into_owned();
+            cfg.run.checkpoint_dir = headroom_trainer::checkpoint::root_of(dir)
+                .to_string_lossy()
+                .into_owned();
         }
         if let Some(p) = &self.profile {
             cfg.memory.profile = p.parse().map_err(|e| anyhow::anyhow!("--profile: {e}"))?;

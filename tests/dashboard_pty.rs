@@ -16,19 +16,7 @@ use headroom_ui::keys::{action_for, Action, KeyContext};
 #[test]
 fn q_stops_with_a_checkpoint_and_restores_the_terminal() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cmd = bin();
-    cmd.current_dir(dir.path())
-        .args(["train", "--config"])
-        .arg(fixture("tiny.toml"))
-        .args([
-            "--steps",
-            "100000",
-            "--checkpoint-dir",
-            "ck",
-            "--log",
-            "run.jsonl",
-        ]);
-    let mut pty = Pty::spawn(cmd, 100, 30);
+    let mut pty = long_tiny_run(dir.path());
     assert_eq!(pty.line_discipline(), (true, true), "a fresh pty is cooked");
 
     // Enter the alternate screen, then show training progress.
@@ -80,6 +68,24 @@ fn q_stops_with_a_checkpoint_and_restores_the_terminal() {
     assert_eq!(finished[0]["stopped_by_user"], true);
 }
 
+/// `headroom train` on the tiny config, far too many steps to finish by itself, on a
+/// 100×30 pty in `dir`, checkpointing to `ck` and logging to `run.jsonl`.
+fn long_tiny_run(dir: &Path) -> Pty {
+    let mut cmd = bin();
+    cmd.current_dir(dir)
+        .args(["train", "--config"])
+        .arg(fixture("tiny.toml"))
+        .args([
+            "--steps",
+            "100000",
+            "--checkpoint-dir",
+            "ck",
+            "--log",
+            "run.jsonl",
+        ]);
+    Pty::spawn(cmd, 100, 30)
+}
+
 fn tail(s: &str) -> &str {
     let start = s.len().saturating_sub(2000);
     let mut i = start;
@@ -98,19 +104,7 @@ fn keys_change_a_threshold_and_pause_resume_and_the_log_shows_exactly_that() {
     const WAIT: Duration = Duration::from_secs(60);
     let dir = tempfile::tempdir().unwrap();
     let log_path = dir.path().join("run.jsonl");
-    let mut cmd = bin();
-    cmd.current_dir(dir.path())
-        .args(["train", "--config"])
-        .arg(fixture("tiny.toml"))
-        .args([
-            "--steps",
-            "100000",
-            "--checkpoint-dir",
-            "ck",
-            "--log",
-            "run.jsonl",
-        ]);
-    let mut pty = Pty::spawn(cmd, 100, 30);
+    let mut pty = long_tiny_run(dir.path());
     assert!(
         pty.wait_for("\x1b[?1049h", WAIT),
         "no alternate screen; output: {}",

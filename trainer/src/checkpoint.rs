@@ -363,6 +363,16 @@ pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
     Ok(Checkpoint { dir, state })
 }
 
+/// The checkpoint root a `--resume` path belongs to: the path itself, or the parent of a
+/// step directory.
+pub fn root_of(path: &Path) -> &Path {
+    if path.join(STATE_FILE).exists() {
+        path.parent().unwrap_or(path)
+    } else {
+        path
+    }
+}
+
 fn locate(path: &Path) -> Result<PathBuf, CheckpointError> {
     if !path.exists() {
         return Err(CheckpointError::Missing {

@@ -723,24 +723,7 @@ mod tests {
         seq: usize,
         steps: u64,
     ) -> Vec<(u64, usize, usize, ResizeReason)> {
-        let mut all = Vec::new();
-        for s in 1..=steps {
-            for (f, t, r) in resizes(&c.before_step(seq)) {
-                all.push((s, f, t, r));
-            }
-            let mb = c.micro_batch();
-            let peak = sim.peak(mb, seq);
-            let ds = c.observe(StepObservation {
-                step: s,
-                micro_batch: mb,
-                seq_len: seq,
-                peak_bytes: peak,
-            });
-            for (f, t, r) in resizes(&ds) {
-                all.push((s, f, t, r));
-            }
-        }
-        all
+        resizes_of(&drive_with(c, 1..=steps, |_| seq, |mb, s| sim.peak(mb, s)).0)
     }
 
     #[test]
