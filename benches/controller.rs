@@ -146,13 +146,7 @@ fn run_headroom(cfg: RunConfig) -> Outcome {
     drop(rx.metrics);
     let log = rx.log.expect("a bus with a log");
     let (_cmd_tx, cmd_rx) = crossbeam_channel::bounded(8);
-    let opts = TrainOptions {
-        config: cfg,
-        checkpoint_dir: dir.path().join("ck"),
-        resume: None,
-        inject_oom: vec![],
-        inject_panic: None,
-    };
+    let opts = TrainOptions::new(cfg, dir.path().join("ck"));
     let mut out = Outcome {
         attempts: Vec::with_capacity(256),
         ..Outcome::default()

@@ -147,13 +147,7 @@ fn main() {
     config.run.eval_batches = 1;
     let (bus, rx) = Bus::new(false);
     let (cmd_tx, cmd_rx) = bounded::<Command>(16);
-    let opts = TrainOptions {
-        checkpoint_dir: dir.path().to_path_buf(),
-        resume: None,
-        inject_oom: Vec::new(),
-        inject_panic: None,
-        config,
-    };
+    let opts = TrainOptions::new(config, dir.path().to_path_buf());
     let trainer = runner::spawn(opts, bus, cmd_rx).expect("trainer starts");
     let stop = cmd_tx.clone();
     let busy = measure(rx.events, rx.metrics, cmd_tx, presses, move || {

@@ -59,6 +59,17 @@ pub struct TrainArgs {
     /// Continue a run from its checkpoint directory (or one step-NNNNNN directory in it)
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
+    /// Start a fresh run in a checkpoint directory that holds another run's checkpoints,
+    /// deleting them (without this, such a start is refused)
+    #[arg(long, conflicts_with = "resume")]
+    pub overwrite: bool,
+    /// With --resume: accept a corpus whose content changed since the checkpoint (what the
+    /// run learns from changes)
+    #[arg(long, requires = "resume")]
+    pub allow_changed_corpus: bool,
+    /// Close the dashboard as soon as the run completes (default: keep it until q)
+    #[arg(long)]
+    pub close_on_finish: bool,
     /// Threshold preset: aggressive, balanced or conservative
     #[arg(long, value_name = "NAME")]
     pub profile: Option<String>,
@@ -114,13 +125,15 @@ impl TrainArgs {
     /// resuming, the checkpoint's own config with only the flags that cannot change what
     /// is learned.
     pub fn resolve(&self, resumed: Option<RunConfig>) -> Result<RunConfig> {
+        let resuming = resumed.is_some();
         let mut cfg = match resumed {
             Some(cfg) => {
                 if self.config.is_some() {
                     bail!("--resume takes the run's config from its checkpoint; drop --config");
                 }
+                // --corpus may name where the same content lives now: the trainer checks
+                // it against the checkpoint's digest.
                 for (flag, given) in [
-                    ("--corpus", self.corpus.is_some()),
                     ("--effective-batch", self.effective_batch.is_some()),
                     ("--seed", self.seed.is_some()),
                 ] {
@@ -144,7 +157,10 @@ impl TrainArgs {
         if let Some(n) = self.steps {
             cfg.run.steps = n;
         }
-        if let Some(n) = self.batch_size {
+        // On a resume, --batch-size only says where the controller starts (see
+        // `start_micro_batch`): the config's micro-batch also fixes the effective batch
+        // (when it is 0) and the validation set, which must not change mid-run.
+        if let (Some(n), false) = (self.batch_size, resuming) {
             cfg.batch.micro_batch = n;
         }
         if let Some(n) = self.effective_batch {
@@ -183,7 +199,22 @@ impl TrainArgs {
             cfg.memory.hard_limit = true;
         }
         cfg.validate().context("invalid configuration")?;
+        if let Some(n) = self.start_micro_batch() {
+            if n == 0 || n > cfg.batch.effective() {
+                bail!(
+                    "--batch-size {n} is outside 1..={} (the run's effective batch); give a \
+                     micro-batch within it",
+                    cfg.batch.effective()
+                );
+            }
+        }
         Ok(cfg)
+    }
+
+    /// On a resume, the micro-batch the controller starts from (`--batch-size`); the
+    /// checkpoint's own settled size otherwise.
+    pub fn start_micro_batch(&self) -> Option<usize> {
+        self.resume.as_ref().and(self.batch_size)
     }
 }
 
@@ -278,5 +309,22 @@ mod tests {
             .resolve(Some(RunConfig::default()))
             .unwrap();
         assert_eq!(cfg.run.steps, 900);
+    }
+
+    #[test]
+    fn batch_size_on_resume_moves_the_start_not_what_is_learned() {
+        let mut saved = RunConfig::default();
+        saved.batch.micro_batch = 32;
+        saved.batch.effective_batch = 0;
+        let a = args(&["--resume", "ck", "--batch-size", "8"]);
+        let cfg = a.resolve(Some(saved.clone())).unwrap();
+        assert_eq!(cfg.batch.micro_batch, 32, "the validation set follows this");
+        assert_eq!(cfg.batch.effective(), 32, "the effective batch stays");
+        assert_eq!(a.start_micro_batch(), Some(8));
+        let err = args(&["--resume", "ck", "--batch-size", "64"])
+            .resolve(Some(saved))
+            .unwrap_err();
+        assert!(err.to_string().contains("--batch-size 64"), "{err}");
+        assert_eq!(args(&["--batch-size", "8"]).start_micro_batch(), None);
     }
 }

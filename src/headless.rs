@@ -3,7 +3,7 @@ use std::io::Write;
 
 use crossbeam_channel::{select, Receiver};
 use headroom_core::policy::Decision;
-use headroom_core::units::{fmt_bytes, fmt_duration};
+use headroom_core::units::{fmt_bytes, fmt_duration, fmt_split};
 use headroom_core::{Level, RunSummary, StepMetrics, Telemetry};
 
 /// What the run ended with, as seen from the telemetry stream.
@@ -11,6 +11,11 @@ use headroom_core::{Level, RunSummary, StepMetrics, Telemetry};
 pub struct StreamEnd {
     pub summary: Option<RunSummary>,
     pub failure: Option<String>,
+    /// The user asked twice to quit from the screen: exit without waiting for the step.
+    pub force_quit: bool,
+    /// The screen went away mid-run (hang-up, dead terminal) and why: the run goes on
+    /// headless.
+    pub screen_lost: Option<String>,
 }
 
 /// Turns telemetry into progress lines. Kept apart from the loop so it is testable.
@@ -108,16 +113,14 @@ impl Progress {
             (None, None) => String::new(),
         };
         format!(
-            "step {:>6}/{}  loss {:.4}  lr {:.2e}  {:.1} steps/s  {:.0} tok/s  batch {}x{}={}  {}  eta {}",
+            "step {:>6}/{}  loss {:.4}  lr {:.2e}  {:.1} steps/s  {:.0} tok/s  batch {}  {}  eta {}",
             s.step,
             s.total_steps,
             s.loss,
             s.lr,
             1.0 / s.step_time_s.max(1e-9),
             s.tokens_per_s,
-            s.micro_batch,
-            s.accum_steps,
-            s.effective_batch,
+            fmt_split(s.micro_batch, s.effective_batch),
             mem,
             fmt_duration(eta)
         )
@@ -226,7 +229,7 @@ mod tests {
         assert!(p.line(&step(9)).is_none());
         let line = p.line(&step(10)).unwrap();
         assert!(line.contains("step     10/100"), "{line}");
-        assert!(line.contains("batch 16x2=32"), "{line}");
+        assert!(line.contains("batch 16 × 2 = 32"), "{line}");
         assert!(line.contains("eta 45s"), "{line}");
         assert!(p.line(&step(100)).is_some());
     }

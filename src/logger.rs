@@ -4,6 +4,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use crossbeam_channel::Receiver;
@@ -11,6 +12,7 @@ use headroom_core::{Bus, Level, LogLine, Notice, Telemetry};
 
 pub struct LogWriter {
     thread: JoinHandle<Option<String>>,
+    path: PathBuf,
 }
 
 /// A log file that was checked at start but not yet truncated. The run may still fail
@@ -28,8 +30,25 @@ pub struct PendingLog {
 /// Opens the log (creating it and its directory when missing) before anything runs, so an
 /// unwritable path is an error at start, not a silent loss later. Nothing is truncated
 /// yet. `inputs` are files the run reads (config, corpus): a log on one of them would
-/// overwrite it, so that is an error too.
-pub fn open(path: &Path, inputs: &[(&str, &Path)]) -> Result<PendingLog> {
+/// overwrite it, so that is an error too, as is a log anywhere inside `checkpoints` (the
+/// run's checkpoint directory: pruning deletes step directories, and a log on `latest` or
+/// `state.json` would destroy the checkpoint). A FIFO is waited for up to `fifo_wait`
+/// for its reader, saying so.
+pub fn open(
+    path: &Path,
+    inputs: &[(&str, &Path)],
+    checkpoints: &Path,
+    fifo_wait: Duration,
+) -> Result<PendingLog> {
+    if is_within(path, checkpoints) {
+        bail!(
+            "--log {} is inside the checkpoint directory {}, whose files the run replaces \
+             and prunes; put the log elsewhere (e.g. --log {}.jsonl)",
+            path.display(),
+            checkpoints.display(),
+            checkpoints.display()
+        );
+    }
     for (what, input) in inputs {
         if same_file(path, input) {
             bail!(
@@ -56,12 +75,17 @@ pub fn open(path: &Path, inputs: &[(&str, &Path)]) -> Result<PendingLog> {
         })?;
     }
     let created_file = !path.exists();
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        // Not yet: `commit` truncates once the run has started.
-        .truncate(false)
-        .open(path);
+    let file = if is_fifo(path) {
+        open_fifo(path, fifo_wait)
+    } else {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            // Not yet: `commit` truncates once the run has started.
+            .truncate(false)
+            .open(path)
+            .map_err(anyhow::Error::new)
+    };
     match file {
         Ok(file) => Ok(PendingLog {
             path: path.to_path_buf(),
@@ -71,10 +95,98 @@ pub fn open(path: &Path, inputs: &[(&str, &Path)]) -> Result<PendingLog> {
         }),
         Err(e) => {
             remove_dirs(&created_dirs);
-            Err(anyhow::Error::new(e).context(format!(
+            Err(e.context(format!(
                 "cannot write log {}; choose another --log path",
                 path.display()
             )))
+        }
+    }
+}
+
+fn is_fifo(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo())
+}
+
+/// Opening a FIFO for writing blocks until it has a reader, and a run that hangs silently
+/// at start looks dead. Non-blocking opens fail (ENXIO) until a reader comes: retry for
+/// `wait`, say once what is awaited, then give up naming the fix.
+fn open_fifo(path: &Path, wait: Duration) -> Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let started = Instant::now();
+    let mut said = false;
+    loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+        {
+            Ok(file) => {
+                // Writes may block from now on: the writer thread is off the training path
+                // and the bus never waits for it.
+                set_blocking(&file)?;
+                return Ok(file);
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {}
+            Err(e) => return Err(e.into()),
+        }
+        if started.elapsed() >= wait {
+            bail!(
+                "the FIFO has no reader after {:.0} s; start its reader first (e.g. `cat {} &`) \
+                 or log to a regular file",
+                wait.as_secs_f64(),
+                path.display()
+            );
+        }
+        if !said {
+            crate::out::err(&format!(
+                "headroom: waiting up to {:.0} s for a reader of the FIFO {} (--log)",
+                wait.as_secs_f64(),
+                path.display()
+            ));
+            said = true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn set_blocking(file: &File) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    // SAFETY: fcntl on a descriptor this function's caller owns.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether `path` is `dir` or lies under it, links and `..` resolved as far as the paths
+/// exist (the log file and the checkpoint directory may not exist yet).
+fn is_within(path: &Path, dir: &Path) -> bool {
+    let (path, dir) = (resolve(path), resolve(dir));
+    path.starts_with(&dir)
+}
+
+/// The absolute path with its longest existing prefix canonicalized and the rest appended.
+fn resolve(path: &Path) -> PathBuf {
+    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut missing = Vec::new();
+    let mut cur = abs.as_path();
+    loop {
+        if let Ok(real) = cur.canonicalize() {
+            let mut out = real;
+            for part in missing.iter().rev() {
+                out.push(part);
+            }
+            return out;
+        }
+        match (cur.parent(), cur.file_name()) {
+            (Some(parent), Some(name)) => {
+                missing.push(name.to_os_string());
+                cur = parent;
+            }
+            _ => return abs,
         }
     }
 }
@@ -131,6 +243,7 @@ impl LogWriter {
     /// told once on screen through `ui`, then the writer keeps draining without writing,
     /// so the trainer never blocks on a dead log.
     pub fn start(log: PendingLog, lines: Receiver<LogLine>, ui: Bus) -> LogWriter {
+        let path = log.path.clone();
         let thread = std::thread::Builder::new()
             .name("log-writer".into())
             .spawn(move || {
@@ -180,11 +293,24 @@ impl LogWriter {
                 failed
             })
             .expect("spawning the log writer");
-        LogWriter { thread }
+        LogWriter { thread, path }
     }
 
-    /// Waits for the last line; returns the write error, if one happened.
-    pub fn finish(self) -> Option<String> {
+    /// Waits up to `wait` for the last line; returns the write error, if one happened. A
+    /// writer stuck in a write (a FIFO whose reader stopped reading) is left behind, said,
+    /// and dies with the process: the run's end must not wait on its log.
+    pub fn finish(self, wait: Duration) -> Option<String> {
+        let deadline = Instant::now() + wait;
+        while !self.thread.is_finished() {
+            if Instant::now() >= deadline {
+                return Some(format!(
+                    "the log writer is stuck writing {} (its reader stopped reading); what it \
+                     had not written by now is lost",
+                    self.path.display()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         self.thread
             .join()
             .unwrap_or_else(|_| Some("log writer panicked".into()))
@@ -195,6 +321,87 @@ impl LogWriter {
 mod tests {
     use super::*;
     use headroom_core::RunStatus;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    const NOWHERE: &Path = Path::new("/nonexistent/checkpoints");
+    const WAIT: Duration = Duration::from_secs(2);
+
+    #[test]
+    fn a_log_inside_the_checkpoint_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ck = dir.path().join("runs/x");
+        std::fs::create_dir_all(ck.join("step-000002")).unwrap();
+        std::fs::write(ck.join("latest"), "step-000002\n").unwrap();
+        for inside in [
+            ck.join("latest"),
+            ck.join("step-000002/state.json"),
+            ck.join("new/run.jsonl"),
+            dir.path().join("runs/./x/../x/log.jsonl"),
+            ck.clone(),
+        ] {
+            let err = format!("{:#}", open(&inside, &[], &ck, WAIT).err().unwrap());
+            assert!(err.contains("inside the checkpoint directory"), "{inside:?}: {err}");
+        }
+        assert_eq!(std::fs::read_to_string(ck.join("latest")).unwrap(), "step-000002\n");
+        // Beside it is fine, including a name that only starts the same.
+        open(&dir.path().join("runs/x.jsonl"), &[], &ck, WAIT)
+            .unwrap()
+            .abandon();
+        open(&dir.path().join("runs/xy/log.jsonl"), &[], &ck, WAIT)
+            .unwrap()
+            .abandon();
+    }
+
+    #[test]
+    fn a_fifo_without_a_reader_is_an_error_after_the_wait_not_a_hang() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("log.fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let t0 = Instant::now();
+        let err = format!(
+            "{:#}",
+            open(&fifo, &[], NOWHERE, Duration::from_millis(300)).err().unwrap()
+        );
+        assert!(err.contains("no reader") && err.contains("--log"), "{err}");
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        // With a reader it opens.
+        let reader = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+            .unwrap();
+        let log = open(&fifo, &[], NOWHERE, WAIT).unwrap();
+        assert!(is_fifo(&log.path));
+        drop(reader);
+    }
+
+    #[test]
+    fn a_writer_stuck_on_a_full_fifo_does_not_hold_up_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("log.fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // A reader that never reads.
+        let _reader = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+            .unwrap();
+        let (bus, rx) = Bus::with_capacities(true, 64, 64, 16);
+        let writer = LogWriter::start(open(&fifo, &[], NOWHERE, WAIT).unwrap(), rx.log.unwrap(), bus.ui_only());
+        let t0 = Instant::now();
+        for _ in 0..20_000 {
+            bus.send(Telemetry::Status {
+                status: RunStatus::Paused,
+            });
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "the sender waited on the log");
+        assert!(bus.sink_losses().log > 0);
+        drop(bus);
+        let err = writer.finish(Duration::from_millis(300)).unwrap();
+        assert!(err.contains("stuck"), "{err}");
+    }
 
     #[test]
     fn records_are_flat_objects_with_kind_and_timestamps() {
@@ -217,7 +424,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let blocker = dir.path().join("file");
         std::fs::write(&blocker, "x").unwrap();
-        let err = open(&blocker.join("run.jsonl"), &[]).err().unwrap();
+        let err = open(&blocker.join("run.jsonl"), &[], NOWHERE, WAIT).err().unwrap();
         assert!(format!("{err:#}").contains("--log"), "{err:#}");
     }
 
@@ -227,7 +434,7 @@ mod tests {
         let corpus = dir.path().join("corpus.txt");
         std::fs::write(&corpus, "text").unwrap();
         let via_dots = dir.path().join(".").join("corpus.txt");
-        let err = open(&via_dots, &[("corpus", &corpus)]).err().unwrap();
+        let err = open(&via_dots, &[("corpus", &corpus)], NOWHERE, WAIT).err().unwrap();
         let err = format!("{err:#}");
         assert!(err.contains("--log") && err.contains("corpus"), "{err}");
         assert_eq!(std::fs::read_to_string(&corpus).unwrap(), "text");
@@ -238,11 +445,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let old = dir.path().join("old.jsonl");
         std::fs::write(&old, "previous run\n").unwrap();
-        open(&old, &[]).unwrap().abandon();
+        open(&old, &[], NOWHERE, WAIT).unwrap().abandon();
         assert_eq!(std::fs::read_to_string(&old).unwrap(), "previous run\n");
 
         let new = dir.path().join("a/b/run.jsonl");
-        let log = open(&new, &[]).unwrap();
+        let log = open(&new, &[], NOWHERE, WAIT).unwrap();
         assert!(new.exists(), "created at open: the path is proven writable");
         log.abandon();
         assert!(!dir.path().join("a").exists(), "its directories went too");
@@ -254,12 +461,12 @@ mod tests {
         let path = dir.path().join("run.jsonl");
         std::fs::write(&path, "a much longer previous run\n").unwrap();
         let (bus, rx) = Bus::new(true);
-        let writer = LogWriter::start(open(&path, &[]).unwrap(), rx.log.unwrap(), bus.ui_only());
+        let writer = LogWriter::start(open(&path, &[], NOWHERE, WAIT).unwrap(), rx.log.unwrap(), bus.ui_only());
         bus.send(Telemetry::Status {
             status: RunStatus::Paused,
         });
         drop(bus);
-        assert_eq!(writer.finish(), None);
+        assert_eq!(writer.finish(WAIT), None);
         let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(text.lines().count(), 1, "{text}");
         assert!(text.contains("\"paused\""), "{text}");

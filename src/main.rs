@@ -2,17 +2,20 @@
 mod cli;
 mod headless;
 mod logger;
+mod out;
 mod sampler;
+mod signals;
 
 use std::io::IsTerminal;
+use std::path::Path;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Parser;
 use crossbeam_channel::{bounded, Sender};
-use headroom_core::units::fmt_duration;
+use headroom_core::units::{fmt_bytes, fmt_duration, fmt_split};
 use headroom_core::{Bus, Command, RunSummary};
 use headroom_trainer::runner::{self, TrainOptions};
 
@@ -27,9 +30,34 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("headroom: error: {e:#}");
+            out::err(&format!("headroom: error: {e:#}"));
             ExitCode::from(2)
         }
+    }
+}
+
+/// How long a FIFO given as --log or --corpus is waited for (`HEADROOM_FIFO_WAIT_S`, for
+/// tests), before the run refuses to start.
+fn fifo_wait() -> Duration {
+    std::env::var("HEADROOM_FIFO_WAIT_S")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map_or(Duration::from_secs(10), Duration::from_secs_f64)
+}
+
+/// Why the dashboard cannot be drawn here, when it cannot.
+fn screen_unavailable(args: &TrainArgs) -> Option<&'static str> {
+    if args.headless {
+        return Some("");
+    }
+    if !std::io::stdout().is_terminal() {
+        return Some("");
+    }
+    match std::env::var("TERM").as_deref() {
+        Ok("dumb") => Some("TERM=dumb cannot draw the dashboard"),
+        Ok("") | Err(_) => Some("TERM is not set, so the dashboard cannot be drawn"),
+        Ok(_) => None,
     }
 }
 
@@ -53,19 +81,31 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
     if let Some(c) = &args.config {
         inputs.push(("config", c));
     }
+    let checkpoint_dir = config.checkpoint_dir();
     let log_file = args
         .log
         .as_deref()
-        .map(|p| logger::open(p, &inputs))
+        .map(|p| logger::open(p, &inputs, &checkpoint_dir, fifo_wait()))
         .transpose()?;
 
-    let (bus, rx) = Bus::new(log_file.is_some());
+    let (bus, mut rx) = Bus::new(log_file.is_some());
     let (cmd_tx, cmd_rx) = bounded::<Command>(64);
-    let headless = args.headless || !std::io::stdout().is_terminal();
+    let no_screen = screen_unavailable(&args);
+    let headless = no_screen.is_some();
+    if let Some(why) = no_screen.filter(|w| !w.is_empty()) {
+        out::err(&format!(
+            "headroom: {why}; running headless (progress lines here). Set TERM (e.g. \
+             TERM=xterm-256color) for the dashboard, or pass --headless to silence this"
+        ));
+    }
 
     let opts = TrainOptions {
-        checkpoint_dir: config.checkpoint_dir(),
+        checkpoint_dir,
         resume: args.resume.clone(),
+        overwrite: args.overwrite,
+        allow_changed_corpus: args.allow_changed_corpus,
+        fifo_wait: fifo_wait(),
+        start_micro_batch: args.start_micro_batch(),
         config: config.clone(),
         inject_oom,
         inject_panic,
@@ -85,122 +125,233 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
         }
     };
     // What the trainer sent while preparing waits in the log channel.
-    let log_writer = match (log_file, rx.log) {
+    let log_writer = match (log_file, rx.log.take()) {
         (Some(log), Some(lines)) => Some(logger::LogWriter::start(log, lines, bus.ui_only())),
         _ => None,
     };
     let sampler = sampler::Sampler::start(bus.clone(), trainer.cuda_index(), config.run.sample_hz);
-    let signalled = Arc::new(AtomicBool::new(false));
-    forward_signals(cmd_tx.clone(), Arc::clone(&signalled))?;
+    let flags = signals::Flags::default();
+    signals::forward(
+        cmd_tx.clone(),
+        flags.clone(),
+        !headless,
+        trainer.checkpoint_dir().to_path_buf(),
+    )?;
 
-    let end = if headless {
-        headless::run(rx.events, rx.metrics, config.run.progress_every)
+    let mut end = if headless {
+        headless::run(rx.events.clone(), rx.metrics.clone(), config.run.progress_every)
     } else {
-        dashboard(
-            &config.run.name,
-            rx.events,
-            rx.metrics,
-            cmd_tx,
-            &bus,
-            signalled,
-        )?
+        dashboard(&config.run.name, &rx, cmd_tx.clone(), &bus, &flags, args.close_on_finish)
     };
+    if end.force_quit {
+        // The user asked twice: do not wait for the step in progress. Checkpoints are
+        // written whole or not at all, so the last one on disk is intact.
+        out::err(&format!(
+            "headroom: quit without waiting for the step in progress; {}",
+            signals::last_checkpoint_text(trainer.checkpoint_dir())
+        ));
+        std::process::exit(130);
+    }
+    if let Some(why) = end.screen_lost.take() {
+        // The screen is gone (a hang-up, a dead terminal): the run goes on, and ends,
+        // headless; a hang-up also asked it to stop, like SIGTERM.
+        out::err(&format!("headroom: {why}; continuing headless"));
+        end = headless::run(rx.events.clone(), rx.metrics.clone(), config.run.progress_every);
+    }
 
     drop(sampler);
     let joined = trainer.join();
     let dropped = bus.dropped();
+    let losses = bus.sink_losses();
     drop(bus);
-    let log_error = log_writer.and_then(|w| w.finish());
+    let log_error = log_writer.and_then(|w| w.finish(Duration::from_secs(5)));
     if let Some(e) = &log_error {
-        eprintln!("headroom: warning: {e}");
+        out::err(&format!("headroom: warning: {e}"));
+    }
+    if losses.log > 0 {
+        out::err(&format!(
+            "headroom: warning: {} log records were lost while the log's reader was not \
+             reading (the log notes each gap where it happened)",
+            losses.log
+        ));
+    }
+    if losses.screen > 0 {
+        out::err(&format!(
+            "headroom: {} events did not reach the screen while it was not drawing",
+            losses.screen
+        ));
     }
     if dropped > 0 {
         // Said once at the end: the screen showed the count live; a log reader would
         // otherwise take the gaps between samples for a stalled sampler.
-        eprintln!(
+        out::err(&format!(
             "headroom: {dropped} high-rate samples were dropped on the way to the screen or \
              the log (a reader lagged); steps and events are never dropped"
-        );
+        ));
     }
-    finish(end, joined)
+    Ok(finish(end, joined, args.log.as_deref()))
 }
 
 fn dashboard(
     name: &str,
-    events: crossbeam_channel::Receiver<headroom_core::Telemetry>,
-    metrics: crossbeam_channel::Receiver<headroom_core::Telemetry>,
+    rx: &headroom_core::BusReceivers,
     commands: Sender<Command>,
     bus: &Bus,
-    signalled: Arc<AtomicBool>,
-) -> Result<StreamEnd> {
+    flags: &signals::Flags,
+    close_on_finish: bool,
+) -> StreamEnd {
     let opts = headroom_ui::DashboardOptions {
-        signalled,
+        close_on_finish,
+        signalled: Arc::clone(&flags.stop),
+        hangup: Arc::clone(&flags.hangup),
+        suspend: Arc::clone(&flags.suspend),
         ..headroom_ui::DashboardOptions::from_env(name)
     };
-    let exit = headroom_ui::run_dashboard(events, metrics, commands, bus.dropped_counter(), opts)
-        .context("the dashboard failed")?;
-    if exit.force_quit {
-        eprintln!("headroom: quit without waiting for the trainer");
+    let exit = headroom_ui::run_dashboard(
+        rx.events.clone(),
+        rx.metrics.clone(),
+        commands.clone(),
+        bus.dropped_counter(),
+        opts,
+    );
+    match exit {
+        Ok(exit) => StreamEnd {
+            summary: exit.summary,
+            failure: exit.failure,
+            force_quit: exit.force_quit,
+            screen_lost: if exit.hangup {
+                Some("the terminal hung up (SIGHUP): stopping after the step in progress".into())
+            } else {
+                exit.screen_lost
+                    .map(|e| format!("the dashboard lost its terminal ({e})"))
+            },
+        },
+        Err(e) => StreamEnd {
+            screen_lost: Some(format!("the dashboard failed ({e})")),
+            ..StreamEnd::default()
+        },
     }
-    Ok(StreamEnd {
-        summary: exit.summary,
-        failure: exit.failure,
-    })
-}
-
-/// SIGINT and SIGTERM stop the run gracefully (checkpoint, then exit 0) instead of killing
-/// it mid-step; `signalled` tells a dashboard that outlived its trainer to close.
-fn forward_signals(commands: Sender<Command>, signalled: Arc<AtomicBool>) -> Result<()> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
-        .context("installing signal handlers")?;
-    std::thread::Builder::new()
-        .name("signals".into())
-        .spawn(move || {
-            for _ in signals.forever() {
-                signalled.store(true, Ordering::SeqCst);
-                let _ = commands.try_send(Command::Stop);
-            }
-        })
-        .context("spawning the signal thread")?;
-    Ok(())
 }
 
 /// Prints the summary after the screen is gone and picks the exit code.
-fn finish(end: StreamEnd, joined: Result<RunSummary, String>) -> Result<ExitCode> {
+fn finish(end: StreamEnd, joined: Result<RunSummary, String>, log: Option<&Path>) -> ExitCode {
     match (end.summary, joined) {
         (_, Err(reason)) => {
             let reason = end.failure.unwrap_or(reason);
-            eprintln!("headroom: run failed: {reason}");
-            Ok(ExitCode::from(1))
+            out::err(&format!("headroom: run failed: {reason}"));
+            if let Some(log) = log {
+                out::err(&format!("  log {}", log.display()));
+            }
+            ExitCode::from(1)
         }
         (_, Ok(summary)) => {
-            print_summary(&summary);
-            Ok(ExitCode::SUCCESS)
+            for line in summary_lines(&summary, log) {
+                out::out(&line);
+            }
+            ExitCode::SUCCESS
         }
     }
 }
 
-fn print_summary(s: &RunSummary) {
-    let how = if s.stopped_by_user {
-        "stopped"
-    } else {
-        "completed"
-    };
-    println!(
+/// The exit summary: how the run ended, what it learned, what memory did, where it is.
+fn summary_lines(s: &RunSummary, log: Option<&Path>) -> Vec<String> {
+    let complete = s.steps_done >= s.total_steps;
+    let how = if complete { "completed" } else { "stopped" };
+    let mut lines = vec![format!(
         "headroom: run {how} at step {}/{} in {}",
         s.steps_done,
         s.total_steps,
         fmt_duration(s.elapsed_s)
-    );
+    )];
+    let mut learned = String::new();
     if let Some(l) = s.last_loss {
-        print!("  train loss {l:.4}");
+        learned += &format!("  train loss {l:.4}");
     }
     if let Some(l) = s.last_val_loss {
-        print!("  val loss {l:.4}");
+        learned += &format!("  val loss {l:.4}");
     }
-    println!("  tokens {}", s.tokens_seen);
+    lines.push(format!("{learned}  tokens {}", s.tokens_seen));
+    let m = &s.memory;
+    let mut memory = String::from("  memory:");
+    if let (Some(u), Some(p), Some(l)) = (m.peak_usage, m.peak_bytes, m.limit_bytes) {
+        memory += &format!(
+            " peak {:.1}% ({} of {})",
+            u * 100.0,
+            fmt_bytes(p),
+            fmt_bytes(l)
+        );
+    } else {
+        memory += " no step measured";
+    }
+    if m.final_micro_batch > 0 {
+        memory += &format!(
+            " · micro-batch {}",
+            fmt_split(m.final_micro_batch, m.effective_batch)
+        );
+    }
+    let plural = |n: u64, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+    memory += &format!(
+        " · {} · {} caught",
+        plural(m.resizes, "resize"),
+        plural(m.ooms, "out-of-memory error")
+    );
+    lines.push(memory);
     if let Some(c) = &s.checkpoint {
-        println!("  checkpoint {c} (continue with --resume)");
+        if complete {
+            lines.push(format!("  checkpoint {c}"));
+        } else {
+            let root = headroom_trainer::checkpoint::root_of(Path::new(c));
+            lines.push(format!(
+                "  checkpoint {c} (continue with: headroom train --resume {})",
+                root.display()
+            ));
+        }
+    }
+    if let Some(log) = log {
+        lines.push(format!("  log {}", log.display()));
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use headroom_core::MemorySummary;
+
+    fn summary(done: u64) -> RunSummary {
+        RunSummary {
+            steps_done: done,
+            total_steps: 300,
+            stopped_by_user: done < 300,
+            last_loss: Some(1.5),
+            last_val_loss: Some(1.6),
+            tokens_seen: 1000,
+            elapsed_s: 61.0,
+            checkpoint: Some("runs/x/step-000300".into()),
+            memory: MemorySummary {
+                peak_usage: Some(0.879),
+                peak_bytes: Some(900 << 20),
+                limit_bytes: Some(1 << 30),
+                final_micro_batch: 78,
+                accum_steps: 4,
+                effective_batch: 256,
+                resizes: 3,
+                ooms: 1,
+            },
+        }
+    }
+
+    #[test]
+    fn the_summary_says_what_memory_did_and_offers_resume_only_when_unfinished() {
+        let done = summary_lines(&summary(300), Some(Path::new("run.jsonl"))).join("\n");
+        assert!(done.contains("completed at step 300/300"), "{done}");
+        assert!(done.contains("peak 87.9% (900 MiB of 1.00 GiB)"), "{done}");
+        assert!(done.contains("micro-batch 78 × 3 + 22 = 256"), "{done}");
+        assert!(done.contains("3 resizes · 1 out-of-memory error caught"), "{done}");
+        assert!(done.contains("log run.jsonl"), "{done}");
+        assert!(!done.contains("--resume"), "{done}");
+        let stopped = summary_lines(&summary(120), None).join("\n");
+        assert!(stopped.contains("stopped at step 120/300"), "{stopped}");
+        assert!(stopped.contains("--resume runs/x"), "{stopped}");
     }
 }

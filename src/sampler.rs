@@ -147,6 +147,7 @@ impl Sources {
             cpu_percent: sys.global_cpu_usage(),
             mem_used: sys.used_memory(),
             mem_total: sys.total_memory(),
+            mem_available: sys.available_memory(),
             process_rss: rss,
         }
     }

@@ -1,22 +1,28 @@
 //! The one way telemetry leaves the trainer and the sampler.
 //!
-//! Every message goes to the UI and, when a log is open, to the log writer. Lifecycle
-//! events and decisions block until there is room (they are rare and must not be lost);
-//! high-rate figures are offered with `try_send` and counted when a consumer lags, so a
-//! slow screen or disk never slows a training step.
-use std::sync::atomic::{AtomicU64, Ordering};
+//! Every message goes to each sink: the screen (two queues: lifecycle events and
+//! high-rate figures) and, when one is open, the log writer. Nothing here ever waits on a
+//! sink: a log whose reader stopped reading, a terminal that stopped drawing or, later, a
+//! socket viewer must never stall a training step or a stop. Each sink has its own bounded
+//! queue. High-rate figures that do not fit are dropped and counted ([`Bus::dropped`]).
+//! Lifecycle events and log records that do not fit are lost only while their sink is
+//! stalled, and never silently: the loss is counted per sink ([`Bus::sink_losses`]), the
+//! other sinks are told when the stall starts, and the stalled sink itself receives a
+//! record of the gap (how many it missed) as soon as it reads again.
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 
-use crate::telemetry::Telemetry;
+use crate::telemetry::{Level, Notice, Telemetry};
 
 /// Room for lifecycle events: far more than a run produces between two frames.
 const EVENT_CAPACITY: usize = 1024;
 /// Room for high-rate figures: a few seconds of a fast run.
 const METRIC_CAPACITY: usize = 512;
-/// The log writer keeps up with disk speed; this absorbs bursts.
+/// The log writer keeps up with disk speed; this absorbs bursts (seconds of the fastest
+/// run the flood test drives).
 const LOG_CAPACITY: usize = 8192;
 
 /// A log record: the message plus when it was sent.
@@ -29,17 +35,59 @@ pub struct LogLine {
     pub msg: Telemetry,
 }
 
+/// How one sink fared: what it lost while it stalled.
+#[derive(Debug, Default)]
+struct SinkHealth {
+    /// Records that must not be lost but were, because the sink's queue was full.
+    lost: AtomicU64,
+    /// Lost since the sink last accepted a record: told to it when it reads again.
+    unreported: AtomicU64,
+    /// In a stall now (its queue was full at the last lossless offer).
+    stalled: AtomicBool,
+}
+
+/// One consumer's bounded queue and its health.
+#[derive(Clone)]
+struct Sink<T> {
+    tx: Sender<T>,
+    health: Arc<SinkHealth>,
+}
+
+impl<T> Sink<T> {
+    fn new(capacity: usize) -> (Sink<T>, Receiver<T>) {
+        let (tx, rx) = bounded(capacity);
+        let sink = Sink {
+            tx,
+            health: Arc::default(),
+        };
+        (sink, rx)
+    }
+}
+
+/// What became of a lossless offer.
+enum Offer {
+    Delivered,
+    /// The sink's queue is full: the record is lost and counted; `first` is true for the
+    /// first loss of a stall, which the other sinks are told about.
+    Lost {
+        first: bool,
+    },
+    /// The consumer is gone (a closed screen): nothing left to tell.
+    Gone,
+}
+
 #[derive(Clone)]
 pub struct Bus {
-    events: Sender<Telemetry>,
+    events: Sink<Telemetry>,
     metrics: Sender<Telemetry>,
-    log: Option<Sender<LogLine>>,
+    log: Option<Sink<LogLine>>,
     started: Instant,
     dropped: Arc<AtomicU64>,
 }
 
 pub struct BusReceivers {
-    /// Lifecycle events and decisions, never dropped.
+    /// Lifecycle events and decisions; lost only while the screen is stalled, and then
+    /// followed by a notice saying how many.
     pub events: Receiver<Telemetry>,
     /// Steps and samples; may have gaps, see [`Bus::dropped`].
     pub metrics: Receiver<Telemetry>,
@@ -47,20 +95,37 @@ pub struct BusReceivers {
     pub log: Option<Receiver<LogLine>>,
 }
 
+/// Per sink, records that had to be kept but were lost because the sink stalled.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SinkLosses {
+    pub screen: u64,
+    pub log: u64,
+}
+
 impl Bus {
     pub fn new(with_log: bool) -> (Bus, BusReceivers) {
-        let (etx, erx) = bounded(EVENT_CAPACITY);
-        let (mtx, mrx) = bounded(METRIC_CAPACITY);
-        let (log_tx, log_rx) = if with_log {
-            let (tx, rx) = bounded(LOG_CAPACITY);
-            (Some(tx), Some(rx))
+        Bus::with_capacities(with_log, EVENT_CAPACITY, METRIC_CAPACITY, LOG_CAPACITY)
+    }
+
+    /// [`Bus::new`] with chosen queue sizes (tests make stalls quick to reach).
+    pub fn with_capacities(
+        with_log: bool,
+        events: usize,
+        metrics: usize,
+        log: usize,
+    ) -> (Bus, BusReceivers) {
+        let (events, erx) = Sink::new(events);
+        let (mtx, mrx) = bounded(metrics);
+        let (log_sink, log_rx) = if with_log {
+            let (sink, rx) = Sink::new(log);
+            (Some(sink), Some(rx))
         } else {
             (None, None)
         };
         let bus = Bus {
-            events: etx,
+            events,
             metrics: mtx,
-            log: log_tx,
+            log: log_sink,
             started: Instant::now(),
             dropped: Arc::new(AtomicU64::new(0)),
         };
@@ -72,39 +137,75 @@ impl Bus {
         (bus, rx)
     }
 
+    /// Hands `msg` to every sink without ever waiting.
     pub fn send(&self, msg: Telemetry) {
         if let Some(log) = &self.log {
-            let line = LogLine {
-                ts: SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map(|d| d.as_secs_f64())
-                    .unwrap_or(0.0),
-                t: self.started.elapsed().as_secs_f64(),
-                msg: msg.clone(),
-            };
             // Steps go to the log losslessly (the log is the run's record); samples and
             // segment maps are sensor readings and may be dropped like on screen.
-            let lossless = !matches!(line.msg, Telemetry::Sample(_) | Telemetry::Segments(_));
-            self.offer(log, line, lossless);
+            let lossless = !matches!(msg, Telemetry::Sample(_) | Telemetry::Segments(_));
+            let line = self.stamp(msg.clone());
+            if lossless {
+                let first =
+                    self.offer_lossless(log, line, |lost| self.stamp(gap_notice("log", lost)));
+                if first {
+                    self.tell_screen(Notice::new(
+                        Level::Warn,
+                        "log",
+                        "the log's reader stopped reading: records are being lost (counted; \
+                         the log gets a note of the gap when it reads again); training goes on",
+                    ));
+                }
+            } else if let Err(TrySendError::Full(_)) = log.tx.try_send(line) {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
         }
         if msg.is_high_rate() {
-            self.offer(&self.metrics, msg, false);
+            if let Err(TrySendError::Full(_)) = self.metrics.try_send(msg) {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
         } else {
-            self.offer(&self.events, msg, true);
+            let first = self.offer_lossless(&self.events, msg, |lost| gap_notice("screen", lost));
+            if first {
+                if let Some(log) = &self.log {
+                    let note = Notice::new(
+                        Level::Warn,
+                        "ui",
+                        "the screen stopped reading: its events are being lost (counted); \
+                         training goes on",
+                    );
+                    let _ = log.tx.try_send(self.stamp(Telemetry::Notice(note)));
+                }
+            }
         }
     }
 
-    fn offer<T>(&self, tx: &Sender<T>, item: T, lossless: bool) {
-        if lossless {
-            // Err only when the receiver is gone (UI closed): nothing left to tell.
-            let _ = tx.send(item);
-        } else if let Err(TrySendError::Full(_)) = tx.try_send(item) {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
+    /// Offers a record that must not be lost. Returns true when this starts a stall.
+    fn offer_lossless<T>(&self, sink: &Sink<T>, item: T, gap: impl Fn(u64) -> T) -> bool {
+        match offer(sink, item, gap) {
+            Offer::Delivered | Offer::Gone => false,
+            Offer::Lost { first } => first,
         }
     }
 
-    /// A bus that reaches the UI only: for the log writer's own notices, which must not
-    /// feed back into the log channel it drains.
+    fn tell_screen(&self, notice: Notice) {
+        let _ = offer(&self.events, Telemetry::Notice(notice), |lost| {
+            gap_notice("screen", lost)
+        });
+    }
+
+    fn stamp(&self, msg: Telemetry) -> LogLine {
+        LogLine {
+            ts: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0),
+            t: self.started.elapsed().as_secs_f64(),
+            msg,
+        }
+    }
+
+    /// A bus that reaches the screen only: for the log writer's own notices, which must
+    /// not feed back into the log queue it drains.
     pub fn ui_only(&self) -> Bus {
         Bus {
             log: None,
@@ -121,12 +222,63 @@ impl Bus {
     pub fn dropped_counter(&self) -> Arc<AtomicU64> {
         Arc::clone(&self.dropped)
     }
+
+    /// Records that should have reached a sink but were lost while it stalled.
+    pub fn sink_losses(&self) -> SinkLosses {
+        SinkLosses {
+            screen: self.events.health.lost.load(Ordering::Relaxed),
+            log: self
+                .log
+                .as_ref()
+                .map_or(0, |l| l.health.lost.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+/// The record a stalled sink receives once it reads again.
+fn gap_notice(sink: &str, lost: u64) -> Telemetry {
+    Telemetry::Notice(Notice::new(
+        Level::Warn,
+        sink,
+        format!(
+            "{lost} records were lost here: this {sink} stopped reading for a while and the \
+             run did not wait for it"
+        ),
+    ))
+}
+
+fn offer<T>(sink: &Sink<T>, item: T, gap: impl Fn(u64) -> T) -> Offer {
+    let h = &sink.health;
+    let unreported = h.unreported.load(Ordering::Relaxed);
+    if unreported > 0 {
+        // The note of the gap goes first, so a reader sees it where the gap is.
+        match sink.tx.try_send(gap(unreported)) {
+            Ok(()) => {
+                h.unreported.fetch_sub(unreported, Ordering::Relaxed);
+            }
+            Err(TrySendError::Disconnected(_)) => return Offer::Gone,
+            Err(TrySendError::Full(_)) => {}
+        }
+    }
+    match sink.tx.try_send(item) {
+        Ok(()) => {
+            h.stalled.store(false, Ordering::Relaxed);
+            Offer::Delivered
+        }
+        Err(TrySendError::Disconnected(_)) => Offer::Gone,
+        Err(TrySendError::Full(_)) => {
+            h.lost.fetch_add(1, Ordering::Relaxed);
+            h.unreported.fetch_add(1, Ordering::Relaxed);
+            let first = !h.stalled.swap(true, Ordering::Relaxed);
+            Offer::Lost { first }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::telemetry::{Notice, SystemSample};
+    use crate::telemetry::SystemSample;
 
     #[test]
     fn high_rate_messages_are_dropped_and_counted_events_are_not() {
@@ -155,5 +307,61 @@ mod tests {
         assert_eq!(first.msg.kind(), "failed");
         assert_eq!(second.msg.kind(), "sample");
         assert!(first.t <= second.t && first.ts > 1.0e9);
+    }
+
+    fn status() -> Telemetry {
+        Telemetry::Status {
+            status: crate::telemetry::RunStatus::Running,
+        }
+    }
+
+    #[test]
+    fn a_stalled_log_never_blocks_the_sender_and_its_loss_is_counted_and_told() {
+        let (bus, rx) = Bus::with_capacities(true, 64, 8, 4);
+        let log = rx.log.unwrap();
+        // Nobody reads the log: without the stall rule the fifth send would block forever.
+        let sender = std::thread::spawn(move || {
+            for _ in 0..10 {
+                bus.send(status());
+            }
+            bus
+        });
+        let bus = sender.join().unwrap();
+        assert_eq!(bus.sink_losses().log, 6);
+        assert_eq!(bus.sink_losses().screen, 0);
+        // The screen heard about the stall once, beside the ten statuses.
+        let notices: Vec<_> = rx
+            .events
+            .try_iter()
+            .filter(|m| matches!(m, Telemetry::Notice(n) if n.source == "log"))
+            .collect();
+        assert_eq!(notices.len(), 1, "{notices:?}");
+        // The log reads again: the gap is written where it happened, before what follows.
+        let kept: Vec<_> = log.try_iter().collect();
+        assert_eq!(kept.len(), 4);
+        bus.send(status());
+        let next: Vec<_> = log.try_iter().map(|l| l.msg).collect();
+        match &next[0] {
+            Telemetry::Notice(n) => assert!(n.text.starts_with("6 records were lost"), "{n:?}"),
+            other => panic!("expected the gap note first, got {other:?}"),
+        }
+        assert_eq!(next[1], status());
+        assert_eq!(bus.sink_losses().log, 6, "nothing more lost once it reads");
+    }
+
+    #[test]
+    fn a_stalled_screen_loses_events_without_blocking_and_is_told_the_gap() {
+        let (bus, rx) = Bus::with_capacities(false, 2, 8, 4);
+        for _ in 0..5 {
+            bus.send(status());
+        }
+        assert_eq!(bus.sink_losses().screen, 3);
+        assert_eq!(rx.events.try_iter().count(), 2);
+        bus.send(status());
+        let first = rx.events.try_recv().unwrap();
+        assert!(
+            matches!(&first, Telemetry::Notice(n) if n.text.starts_with("3 records were lost")),
+            "{first:?}"
+        );
     }
 }

@@ -204,8 +204,8 @@ pub struct BatchSection {
 impl Default for BatchSection {
     fn default() -> Self {
         BatchSection {
-            micro_batch: 32,
-            effective_batch: 0,
+            micro_batch: 8,
+            effective_batch: 128,
         }
     }
 }
@@ -252,7 +252,7 @@ impl Default for MemorySection {
         MemorySection {
             profile: Profile::Balanced,
             thresholds: String::new(),
-            memory_budget: String::new(),
+            memory_budget: "auto".into(),
             hard_limit: false,
             adaptive: true,
             min_micro_batch: 1,
@@ -273,8 +273,14 @@ impl MemorySection {
     }
 
     /// The budget in bytes, when one was given.
+    /// The budget in bytes when the config names a size; `None` for host memory (`""`)
+    /// and for `"auto"`, which the trainer sizes from the machine ([`auto_budget`]).
+    pub fn is_auto_budget(&self) -> bool {
+        self.memory_budget.trim().eq_ignore_ascii_case("auto")
+    }
+
     pub fn budget_bytes(&self) -> Result<Option<u64>, ConfigError> {
-        if self.memory_budget.trim().is_empty() {
+        if self.memory_budget.trim().is_empty() || self.is_auto_budget() {
             return Ok(None);
         }
         parse_bytes(&self.memory_budget)
@@ -283,9 +289,29 @@ impl MemorySection {
     }
 }
 
+/// `memory_budget = "auto"` on a CPU run: what the process holds once the model and its
+/// optimizer state exist, plus [`AUTO_ROOM`] for activations, and never more than half of
+/// what the machine has available on top of that. Small on purpose: the bundled default
+/// then shows the controller fitting the batch to memory on any laptop, instead of a
+/// tiny model idling at 2% of the host. Pure, so the rule is tested here and said on screen
+/// by the trainer.
+pub fn auto_budget(held: u64, available: u64) -> u64 {
+    held + AUTO_ROOM.min(available / 2)
+}
+
+/// The room [`auto_budget`] gives activations above the process's own size.
+pub const AUTO_ROOM: u64 = 320 << 20;
+
 /// Largest batch accepted: beyond this a typo (an extra zero or three) is likelier than
 /// intent, and the first step would try to allocate absurd memory.
 pub const MAX_BATCH: usize = 1 << 16;
+/// Deepest and widest models accepted before the memory check (which then compares the
+/// model's size with the memory there is).
+pub const MAX_LAYERS: usize = 4096;
+pub const MAX_EMBD: usize = 1 << 16;
+/// Below this no run can even hold libtorch; the trainer also checks the budget against
+/// the process's own size once the model exists.
+pub const MIN_BUDGET: u64 = 64 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DeviceChoice {
@@ -418,10 +444,22 @@ impl RunConfig {
         if r.steps == 0 {
             return Err(invalid("run.steps (--steps)", "must be at least 1"));
         }
-        if r.name.trim().is_empty() || r.name.contains(['/', '\\']) {
+        // The name becomes a directory under runs/: it must stay one level down.
+        let n = r.name.trim();
+        if n.is_empty()
+            || n == "."
+            || n == ".."
+            || r.name.contains(['/', '\\'])
+            || r.name.chars().any(char::is_control)
+            || r.name.len() > 128
+        {
             return Err(invalid(
                 "run.name",
-                format!("'{}' must be a non-empty name without slashes", r.name),
+                format!(
+                    "{:?} must be a plain name (not . or .., no slashes or control \
+                     characters, at most 128 bytes), e.g. \"shakespeare-small\"",
+                    r.name
+                ),
             ));
         }
         self.device()?;
@@ -476,6 +514,18 @@ impl RunConfig {
                 "n_layer, n_head and n_embd must each be at least 1",
             ));
         }
+        for (key, v, max) in [
+            ("model.n_layer", m.n_layer, MAX_LAYERS),
+            ("model.n_embd", m.n_embd, MAX_EMBD),
+            ("model.n_head", m.n_head, m.n_embd),
+        ] {
+            if v > max {
+                return Err(invalid(
+                    key,
+                    format!("{v} is out of range; use at most {max}"),
+                ));
+            }
+        }
         if !m.n_embd.is_multiple_of(m.n_head) {
             return Err(invalid(
                 "model.n_embd",
@@ -486,10 +536,12 @@ impl RunConfig {
             ));
         }
         let o = &self.optim;
-        if !(o.lr > 0.0 && o.lr.is_finite()) {
+        // Every float is checked in a range that includes only values that train: a NaN
+        // fails every comparison, so none can slip through as "off", and inf is refused.
+        if !(o.lr > 0.0 && o.lr <= 10.0) {
             return Err(invalid(
                 "optim.lr",
-                format!("{} is not a positive number; use a rate like 3e-3", o.lr),
+                format!("{} is out of range; use a rate in (0, 10], like 3e-3", o.lr),
             ));
         }
         if !(o.min_lr >= 0.0 && o.min_lr <= o.lr) {
@@ -503,10 +555,32 @@ impl RunConfig {
                 return Err(invalid(key, format!("{v} must be in [0, 1)")));
             }
         }
-        if o.eps.is_nan() || o.eps <= 0.0 || o.weight_decay < 0.0 || o.grad_clip < 0.0 {
+        if !(o.eps > 0.0 && o.eps <= 1.0) {
             return Err(invalid(
-                "optim",
-                "eps must be positive; weight_decay and grad_clip must not be negative",
+                "optim.eps",
+                format!(
+                    "{} is out of range; use a small positive number in (0, 1], like 1e-8",
+                    o.eps
+                ),
+            ));
+        }
+        // AdamW shrinks each weight by lr × weight_decay per step: at 1 it zeroes them.
+        if !(o.weight_decay >= 0.0 && o.weight_decay * o.lr < 1.0) {
+            return Err(invalid(
+                "optim.weight_decay",
+                format!(
+                    "{} is out of range; use 0 (off) up to below 1 / optim.lr, typically 0.1",
+                    o.weight_decay
+                ),
+            ));
+        }
+        if !(o.grad_clip >= 0.0 && o.grad_clip.is_finite()) {
+            return Err(invalid(
+                "optim.grad_clip",
+                format!(
+                    "{} is out of range; use 0 to turn clipping off, or a positive norm like 1.0",
+                    o.grad_clip
+                ),
             ));
         }
         let b = &self.batch;
@@ -526,7 +600,19 @@ impl RunConfig {
         }
         let mem = &self.memory;
         mem.thresholds()?;
-        mem.budget_bytes()?;
+        if let Some(b) = mem.budget_bytes()? {
+            if b < MIN_BUDGET {
+                return Err(invalid(
+                    "memory.memory_budget (--memory-budget)",
+                    format!(
+                        "{} is below the {} that libtorch and the smallest model need \
+                         before training anything; give e.g. 1GiB",
+                        crate::units::fmt_bytes(b),
+                        crate::units::fmt_bytes(MIN_BUDGET)
+                    ),
+                ));
+            }
+        }
         if mem.hard_limit && mem.memory_budget.trim().is_empty() {
             return Err(invalid(
                 "memory.hard_limit (--hard-limit)",
@@ -609,6 +695,57 @@ mod tests {
             "{err}"
         );
         assert!(!err.contains('\n') && !err.contains('^'), "{err}");
+    }
+
+    /// Every float that cannot train is refused by name (NaN included, which would
+    /// otherwise compare its way past a range check and silently mean "off"), and so are a
+    /// run name that leaves runs/, an absurd model and a budget below libtorch's own size.
+    #[test]
+    fn values_that_cannot_train_are_refused_by_key() {
+        type Edit = fn(&mut RunConfig);
+        let cases: Vec<(Edit, &str)> = vec![
+            (|c| c.optim.eps = f64::INFINITY, "optim.eps"),
+            (|c| c.optim.eps = f64::NAN, "optim.eps"),
+            (|c| c.optim.eps = 0.0, "optim.eps"),
+            (|c| c.optim.lr = f64::INFINITY, "optim.lr"),
+            (|c| c.optim.lr = 1e6, "optim.lr"),
+            (|c| c.optim.min_lr = f64::NAN, "optim.min_lr"),
+            (|c| c.optim.grad_clip = f64::NAN, "optim.grad_clip"),
+            (|c| c.optim.grad_clip = f64::INFINITY, "optim.grad_clip"),
+            (|c| c.optim.weight_decay = f64::NAN, "optim.weight_decay"),
+            (|c| c.optim.weight_decay = 1e4, "optim.weight_decay"),
+            (|c| c.optim.beta1 = f64::NAN, "optim.beta1"),
+            (|c| c.data.val_fraction = f64::NAN, "data.val_fraction"),
+            (|c| c.run.sample_hz = f64::NAN, "run.sample_hz"),
+            (|c| c.run.name = "..".into(), "run.name"),
+            (|c| c.run.name = ".".into(), "run.name"),
+            (|c| c.run.name = "a/../../b".into(), "run.name"),
+            (|c| c.run.name = "tab\there".into(), "run.name"),
+            (|c| c.model.n_layer = 1_000_000, "model.n_layer"),
+            (|c| c.model.n_embd = 1 << 20, "model.n_embd"),
+            (|c| c.memory.memory_budget = "1".into(), "--memory-budget"),
+            (
+                |c| c.memory.memory_budget = "1MiB".into(),
+                "--memory-budget",
+            ),
+            (
+                |c| c.memory.thresholds = "0.9,0.92,0.95,NaN".into(),
+                "threshold",
+            ),
+        ];
+        for (edit, key) in cases {
+            let mut c = RunConfig::default();
+            edit(&mut c);
+            let err = c.validate().map(|_| ()).unwrap_err().to_string();
+            assert!(err.contains(key), "{key}: {err}");
+        }
+        // The values a user would write still pass.
+        let mut c = RunConfig::default();
+        c.optim.grad_clip = 0.0;
+        c.optim.weight_decay = 0.0;
+        c.run.name = "shakespeare-small.v2".into();
+        c.memory.memory_budget = "512MiB".into();
+        c.validate().unwrap();
     }
 
     #[test]

@@ -10,7 +10,7 @@ pub mod segments;
 pub mod telemetry;
 pub mod units;
 
-pub use bus::{Bus, BusReceivers, LogLine};
+pub use bus::{Bus, BusReceivers, LogLine, SinkLosses};
 pub use command::Command;
 pub use config::{ConfigError, DeviceChoice, RunConfig};
 pub use segments::{BlockRun, Segment, SegmentMap};

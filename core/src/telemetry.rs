@@ -160,8 +160,14 @@ pub struct StepMemory {
     pub peak_bytes: u64,
     /// What the memory model predicted before the step, when it could.
     pub predicted_bytes: Option<u64>,
-    /// The budget (CPU) or device memory (CUDA) that usage is a share of.
+    /// The limit usage is a share of: the budget (CPU) or the device's memory (CUDA),
+    /// lowered to what is really available to this process when other processes hold
+    /// part of it (resident + MemAvailable on CPU, own use + free on CUDA).
     pub limit_bytes: u64,
+    /// The configured limit (budget, host or device total) before that lowering; equal to
+    /// `limit_bytes` when nothing else competes. 0 in logs from before this field.
+    #[serde(default)]
+    pub configured_limit_bytes: u64,
     /// peak / limit.
     pub usage: f64,
 }
@@ -191,6 +197,10 @@ pub struct HostStats {
     pub cpu_percent: f32,
     pub mem_used: u64,
     pub mem_total: u64,
+    /// What the kernel says could still be handed out without swapping (MemAvailable);
+    /// 0 in logs from before this field.
+    #[serde(default)]
+    pub mem_available: u64,
     /// This process's resident set.
     pub process_rss: u64,
 }
@@ -306,6 +316,28 @@ pub struct RunSummary {
     pub tokens_seen: u64,
     pub elapsed_s: f64,
     pub checkpoint: Option<String>,
+    /// What memory did over the run (absent in logs from before this field).
+    #[serde(default)]
+    pub memory: MemorySummary,
+}
+
+/// The memory side of a finished run, for the exit summary.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemorySummary {
+    /// The highest step peak, as a share of the limit at that step, and in bytes.
+    pub peak_usage: Option<f64>,
+    pub peak_bytes: Option<u64>,
+    /// The limit at the step that peaked.
+    pub limit_bytes: Option<u64>,
+    /// The micro-batch the run ended with, and how many micro-batches a step took.
+    pub final_micro_batch: usize,
+    pub accum_steps: usize,
+    /// The effective batch (sequences per optimizer step).
+    pub effective_batch: usize,
+    /// Micro-batch changes made by the controller or a pin.
+    pub resizes: u64,
+    /// Out-of-memory errors caught and recovered from (or given up on).
+    pub ooms: u64,
 }
 
 #[cfg(test)]

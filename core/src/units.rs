@@ -70,9 +70,29 @@ pub fn splitmix64(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// How `effective` sequences split into micro-batches of `micro`, written so that it
+/// multiplies out: "64 × 4 = 256", or with an uneven last one "78 × 3 + 22 = 256".
+pub fn fmt_split(micro: usize, effective: usize) -> String {
+    let micro = micro.max(1);
+    let (full, rest) = (effective / micro, effective % micro);
+    match (full, rest) {
+        (0, _) => format!("{effective} = {effective}"),
+        (_, 0) => format!("{micro} × {full} = {effective}"),
+        _ => format!("{micro} × {full} + {rest} = {effective}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_split_always_multiplies_out() {
+        assert_eq!(fmt_split(64, 256), "64 × 4 = 256");
+        assert_eq!(fmt_split(163, 512), "163 × 3 + 23 = 512");
+        assert_eq!(fmt_split(14, 256), "14 × 18 + 4 = 256");
+        assert_eq!(fmt_split(256, 256), "256 × 1 = 256");
+    }
 
     #[test]
     fn formats_bytes_at_unit_boundaries() {

@@ -63,6 +63,20 @@ pub struct CheckpointState {
     /// absent in older checkpoints, which load unchecked.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub checksums: BTreeMap<String, String>,
+    /// Where the corpus was and what it held, so a resume from another directory finds
+    /// it and a changed corpus is noticed (absent in older checkpoints).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub corpus: Option<CorpusRecord>,
+}
+
+/// The corpus a run trains on, as a checkpoint remembers it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CorpusRecord {
+    /// Absolute path when the run started; empty for the bundled corpus.
+    pub path: String,
+    /// [`crate::digest::digest_bytes`] of its content.
+    pub digest: String,
+    pub bytes: u64,
 }
 
 impl CheckpointState {
@@ -82,7 +96,13 @@ impl CheckpointState {
             model: fingerprint(model),
             micro_batch: Some(micro_batch),
             checksums: BTreeMap::new(),
+            corpus: None,
         }
+    }
+
+    pub fn with_corpus(mut self, corpus: Option<CorpusRecord>) -> Self {
+        self.corpus = corpus;
+        self
     }
 }
 
@@ -127,6 +147,22 @@ pub enum CheckpointError {
     ModelMismatch {
         dir: PathBuf,
         detail: String,
+    },
+    /// Another run holds the directory's lock.
+    InUse {
+        root: PathBuf,
+        holder: String,
+    },
+    /// A fresh run would replace another run's checkpoints.
+    Occupied {
+        root: PathBuf,
+        latest: String,
+    },
+    /// Not enough free space for even one checkpoint.
+    NoRoom {
+        root: PathBuf,
+        free: u64,
+        needed: u64,
     },
 }
 
@@ -173,6 +209,32 @@ impl fmt::Display for CheckpointError {
                  reads format {FORMAT_VERSION}); upgrade headroom to resume it",
                 dir.display()
             ),
+            CheckpointError::InUse { root, holder } => write!(
+                f,
+                "checkpoint directory {} is in use by another headroom run ({holder}); wait \
+                 for it to end, or give this run its own --checkpoint-dir",
+                root.display()
+            ),
+            CheckpointError::Occupied { root, latest } => write!(
+                f,
+                "checkpoint directory {} already holds another run's checkpoints (latest: \
+                 {latest}); continue that run with --resume {}, start this one elsewhere with \
+                 --checkpoint-dir DIR (or another run.name), or pass --overwrite to delete them",
+                root.display(),
+                root.display()
+            ),
+            CheckpointError::NoRoom {
+                root,
+                free,
+                needed,
+            } => write!(
+                f,
+                "checkpoint directory {} has {} free, and one checkpoint of this model needs \
+                 about {}; free some space or choose another --checkpoint-dir",
+                root.display(),
+                headroom_core::units::fmt_bytes(*free),
+                headroom_core::units::fmt_bytes(*needed)
+            ),
             CheckpointError::ModelMismatch { dir, detail } => write!(
                 f,
                 "checkpoint {} is for a different model: {detail}; resume with the \
@@ -206,6 +268,159 @@ pub fn check_writable(root: &Path) -> Result<(), CheckpointError> {
         .map_err(err)?;
     fs::remove_file(&probe).map_err(err)?;
     Ok(())
+}
+
+const LOCK_FILE: &str = ".lock";
+
+/// A checkpoint directory held by this run: an exclusive `flock` on `<root>/.lock`, kept
+/// for the run's life and released by the kernel however the process ends. A directory
+/// this claim created and that holds nothing but the lock when the claim is dropped
+/// (the run failed before its first save) is removed again.
+pub struct DirLock {
+    _file: File,
+    root: PathBuf,
+    created: bool,
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        if !self.created {
+            return;
+        }
+        let only_lock = fs::read_dir(&self.root).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .all(|e| e.file_name() == std::ffi::OsStr::new(LOCK_FILE))
+        });
+        if only_lock {
+            let _ = fs::remove_file(self.root.join(LOCK_FILE));
+            let _ = fs::remove_dir(&self.root);
+        }
+    }
+}
+
+/// Takes `root` for this run. `adopt`: the run continues the checkpoints already there
+/// (a resume from this directory); otherwise checkpoints there belong to another run and
+/// are refused, or with `overwrite` deleted (their names are returned, to be said).
+pub fn claim(
+    root: &Path,
+    adopt: bool,
+    overwrite: bool,
+) -> Result<(DirLock, Vec<String>), CheckpointError> {
+    let created = !root.exists();
+    check_writable(root)?;
+    let not_writable = |e: std::io::Error| CheckpointError::NotWritable {
+        root: root.to_path_buf(),
+        reason: e.to_string(),
+    };
+    let mut file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(root.join(LOCK_FILE))
+        .map_err(not_writable)?;
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on the descriptor `file` owns.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let mut holder = String::new();
+        let _ = file.read_to_string(&mut holder);
+        let holder = match holder.trim() {
+            "" => "its lock is held".to_string(),
+            pid => format!("pid {pid}"),
+        };
+        return Err(CheckpointError::InUse {
+            root: root.to_path_buf(),
+            holder,
+        });
+    }
+    let _ = file.set_len(0);
+    let _ = write!(file, "{}", std::process::id());
+    let lock = DirLock {
+        _file: file,
+        root: root.to_path_buf(),
+        created,
+    };
+    let mut removed = Vec::new();
+    if !adopt && has_checkpoints(root) {
+        if !overwrite {
+            let latest = latest_step_dir(root)
+                .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .unwrap_or_else(|| "unreadable".into());
+            return Err(CheckpointError::Occupied {
+                root: root.to_path_buf(),
+                latest,
+            });
+        }
+        for entry in fs::read_dir(root).map_err(not_writable)?.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = entry.path();
+            if parse_step_dir(&name).is_some() || name.starts_with(TMP_PREFIX) {
+                fs::remove_dir_all(&path).map_err(not_writable)?;
+                removed.push(name);
+            } else if name == LATEST || name == format!("{LATEST}.tmp") {
+                fs::remove_file(&path).map_err(not_writable)?;
+            }
+        }
+        removed.sort();
+    }
+    Ok((lock, removed))
+}
+
+/// Whether `root` holds a checkpoint (a step directory or a `latest` file).
+pub fn has_checkpoints(root: &Path) -> bool {
+    root.join(LATEST).exists()
+        || fs::read_dir(root).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .any(|e| parse_step_dir(&e.file_name().to_string_lossy()).is_some())
+        })
+}
+
+/// The step directory a resume from `root` would use, when there is one.
+pub fn latest_step_dir(root: &Path) -> Option<PathBuf> {
+    locate(root)
+        .ok()
+        .filter(|d| d.join(STATE_FILE).exists() && d != root)
+}
+
+/// Bytes free for an unprivileged writer on the file system holding `root`.
+pub fn free_bytes(root: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(root.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a valid path and a zeroed statvfs for the call to fill.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// About what one checkpoint of a model with `parameters` float32 parameters takes: the
+/// parameters, AdamW's two moments, headers and state.json.
+pub fn estimated_size(parameters: u64) -> u64 {
+    parameters * 4 * 3 + (256 << 10)
+}
+
+/// Deletes every step directory but `keep` (and temporaries): room for a save that failed
+/// for want of space, at the cost of older checkpoints, never of the newest one.
+pub fn prune_all_but(root: &Path, keep: Option<&Path>) -> Vec<String> {
+    let mut removed = Vec::new();
+    let Ok(entries) = fs::read_dir(root) else {
+        return removed;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        let stale = parse_step_dir(&name).is_some() || name.starts_with(TMP_PREFIX);
+        if stale && keep.is_none_or(|k| k.file_name() != path.file_name()) {
+            if fs::remove_dir_all(&path).is_ok() {
+                removed.push(name);
+            }
+        }
+    }
+    removed.sort();
+    removed
 }
 
 /// The directory name of step `step`.
@@ -587,46 +802,7 @@ impl Checkpoint {
     }
 }
 
-/// `h64:` and 16 hex digits: a fast non-cryptographic digest of the file's bytes and
-/// length. It catches corruption, not tampering: any single changed 8-byte word always
-/// changes it (every step is a bijection of the state), other damage almost surely.
-pub fn digest_file(path: &Path) -> std::io::Result<String> {
-    const K: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mix = |h: u64, w: u64| (h.rotate_left(29) ^ w).wrapping_mul(K);
-    // Four independent lanes keep the multiplier busy; chunks are a multiple of 32.
-    let mut lanes = [K, K ^ 1, K ^ 2, K ^ 3];
-    let mut file = File::open(path)?;
-    let mut buf = vec![0u8; 1 << 20];
-    let (mut len, mut fill) = (0u64, 0usize);
-    let mut tail = Vec::new();
-    loop {
-        let n = file.read(&mut buf[fill..])?;
-        fill += n;
-        len += n as u64;
-        if n != 0 && fill < buf.len() {
-            continue;
-        }
-        let whole = fill - fill % 32;
-        for block in buf[..whole].chunks_exact(32) {
-            for (i, lane) in lanes.iter_mut().enumerate() {
-                let w = u64::from_le_bytes(block[i * 8..i * 8 + 8].try_into().unwrap());
-                *lane = mix(*lane, w);
-            }
-        }
-        if n == 0 {
-            tail.extend_from_slice(&buf[whole..fill]);
-            break;
-        }
-        buf.copy_within(whole..fill, 0);
-        fill -= whole;
-    }
-    let mut h = lanes.iter().fold(len, |h, &l| mix(h, l));
-    for &b in &tail {
-        h = mix(h, u64::from(b));
-    }
-    h = mix(h, len);
-    Ok(format!("h64:{:016x}", h ^ (h >> 32)))
-}
+pub use crate::digest::digest_file;
 
 #[cfg(test)]
 mod tests {

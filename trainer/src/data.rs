@@ -9,6 +9,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use tch::{Device, TchError, Tensor};
 
@@ -112,13 +113,37 @@ impl Dataset {
     /// Loads `corpus` (empty: the bundled tinyshakespeare) and checks it can feed
     /// sequences of `seq_len` bytes in both splits.
     pub fn load(corpus: &str, val_fraction: f64, seq_len: usize) -> Result<Dataset, DataError> {
+        Dataset::load_waiting(corpus, val_fraction, seq_len, FIFO_WAIT)
+    }
+
+    /// [`Dataset::load`], waiting up to `fifo_wait` for the writer of a FIFO corpus.
+    pub fn load_waiting(
+        corpus: &str,
+        val_fraction: f64,
+        seq_len: usize,
+        fifo_wait: Duration,
+    ) -> Result<Dataset, DataError> {
         let (bytes, name) = if corpus.is_empty() {
             (Cow::Borrowed(BUNDLED), BUNDLED_NAME.to_string())
         } else {
             let path = PathBuf::from(corpus);
-            (Cow::Owned(read_text(&path)?), corpus.to_string())
+            (Cow::Owned(read_text(&path, fifo_wait)?), corpus.to_string())
         };
         Dataset::from_bytes(bytes, name, val_fraction, seq_len)
+    }
+
+    /// The corpus's digest ([`crate::digest::digest_bytes`]): a resume checks it still
+    /// trains on the same content, wherever the file lives now.
+    pub fn digest(&self) -> String {
+        crate::digest::digest_bytes(&self.bytes)
+    }
+
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
     }
 
     pub fn from_bytes(
@@ -259,15 +284,66 @@ impl Dataset {
     }
 }
 
+/// How long a FIFO corpus may go without a writer before the run refuses to start.
+pub const FIFO_WAIT: Duration = Duration::from_secs(10);
+
+fn is_fifo(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_fifo())
+}
+
+/// Opening a FIFO for reading blocks until a writer opens it, silently. Open it without
+/// blocking, wait (bounded) until it has something to say (data, or a writer that wrote
+/// and left), then read it blocking like any file.
+fn open_fifo(path: &Path, wait: Duration) -> Result<std::fs::File, DataError> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let unreadable = |reason: String| DataError::Unreadable {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let probe = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| unreadable(e.to_string()))?;
+    let mut fds = libc::pollfd {
+        fd: probe.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = wait.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: one valid pollfd for the duration of the call.
+    let ready = unsafe { libc::poll(&mut fds, 1, ms) };
+    if ready <= 0 {
+        return Err(unreadable(format!(
+            "it is a FIFO and nothing wrote to it within {:.0} s; start its writer first, or \
+             pass a regular file",
+            wait.as_secs_f64()
+        )));
+    }
+    let fd = probe.as_raw_fd();
+    // SAFETY: fcntl on the descriptor `probe` owns.
+    let cleared = unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) == 0
+    };
+    if !cleared {
+        return Err(unreadable(std::io::Error::last_os_error().to_string()));
+    }
+    Ok(probe)
+}
+
 /// Reads the corpus, checking it is text as the bytes arrive: a device or pipe that never
 /// ends (`/dev/zero`, `/dev/urandom`) is refused at its first bad byte instead of being
 /// read until memory runs out.
-fn read_text(path: &Path) -> Result<Vec<u8>, DataError> {
+fn read_text(path: &Path, fifo_wait: Duration) -> Result<Vec<u8>, DataError> {
     if path.is_dir() {
         return Err(DataError::Directory {
             path: path.to_path_buf(),
         });
     }
+
     let unreadable = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::NotFound => DataError::Missing {
             path: path.to_path_buf(),
@@ -277,7 +353,11 @@ fn read_text(path: &Path) -> Result<Vec<u8>, DataError> {
             reason: e.to_string(),
         },
     };
-    let mut file = std::fs::File::open(path).map_err(unreadable)?;
+    let mut file = if is_fifo(path) {
+        open_fifo(path, fifo_wait)?
+    } else {
+        std::fs::File::open(path).map_err(unreadable)?
+    };
     let mut bytes = Vec::new();
     let mut chunk = vec![0u8; 1 << 20];
     // bytes[..checked] is known text; the rest is at most an unfinished UTF-8 sequence.
@@ -404,16 +484,16 @@ mod tests {
         let text = "\u{2603}".repeat(800_000);
         let path = dir.path().join("snow.txt");
         std::fs::write(&path, &text).unwrap();
-        assert_eq!(read_text(&path).unwrap().len(), text.len());
+        assert_eq!(read_text(&path, FIFO_WAIT).unwrap().len(), text.len());
         // The file ends inside a character.
         std::fs::write(&path, &text.as_bytes()[..text.len() - 1]).unwrap();
-        let err = read_text(&path).unwrap_err().to_string();
+        let err = read_text(&path, FIFO_WAIT).unwrap_err().to_string();
         assert!(err.contains("not valid UTF-8 at byte 2399997"), "{err}");
         // A NUL past the first read is found where it is.
         let mut bytes = text.into_bytes();
         bytes[(1 << 20) + 5] = 0;
         std::fs::write(&path, &bytes).unwrap();
-        let err = read_text(&path).unwrap_err().to_string();
+        let err = read_text(&path, FIFO_WAIT).unwrap_err().to_string();
         assert!(err.contains("a NUL byte at offset 1048581"), "{err}");
     }
 
@@ -435,5 +515,26 @@ mod tests {
             err.contains("looks binary") && err.contains("UTF-8"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_fifo_corpus_without_a_writer_is_an_error_after_the_wait_and_with_one_it_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("corpus.fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let t0 = std::time::Instant::now();
+        let err = read_text(&fifo, Duration::from_millis(300))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("FIFO") && err.contains("writer"), "{err}");
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        let writer = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::write(fifo, "to be or not to be\n".repeat(100)))
+        };
+        let text = read_text(&fifo, Duration::from_secs(5)).unwrap();
+        writer.join().unwrap().unwrap();
+        assert_eq!(text.len(), 1900);
     }
 }

@@ -4,6 +4,7 @@ pub mod alloc_stats;
 pub mod checkpoint;
 pub mod data;
 pub mod device;
+pub mod digest;
 pub mod model;
 pub mod oom;
 pub mod optim;

@@ -207,6 +207,17 @@ impl Gpt {
             .collect()
     }
 
+    /// The parameter count a config gives, without building anything: a config too big
+    /// for the machine is refused with numbers before a single byte is allocated. Wide
+    /// arithmetic: absurd sizes must not wrap into plausible ones.
+    pub fn parameters_for(cfg: &ModelSection, seq_len: usize) -> u128 {
+        let (c, l, v) = (cfg.n_embd as u128, cfg.n_layer as u128, VOCAB_SIZE as u128);
+        let linear = |i: u128, o: u128| i * o + o;
+        let block = 2 * (2 * c) + linear(c, 3 * c) + linear(c, c) + linear(c, 4 * c) + linear(4 * c, c);
+        let head = if cfg.tie_weights { 0 } else { v * c };
+        v * c + seq_len as u128 * c + l * block + 2 * c + head
+    }
+
     pub fn num_parameters(&self) -> u64 {
         self.named_parameters()
             .iter()
@@ -280,6 +291,12 @@ mod tests {
         let names: Vec<String> = untied.fingerprint().into_iter().map(|p| p.0).collect();
         assert!(names.contains(&"lm_head.weight".to_string()));
         assert!(names.contains(&"h.1.attn.c_attn.weight".to_string()));
+        for (model, c) in [(&tied, cfg(true)), (&untied, cfg(false))] {
+            assert_eq!(
+                Gpt::parameters_for(&c, 8),
+                u128::from(model.num_parameters())
+            );
+        }
         let idx = Tensor::from_slice(&[1i64, 2, 3, 4, 5, 6]).view([2, 3]);
         assert_eq!(tied.forward(&idx).unwrap().size(), [2, 3, VOCAB_SIZE]);
         let too_long = Tensor::zeros([1, 9], (Kind::Int64, Device::Cpu));

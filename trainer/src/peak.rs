@@ -46,8 +46,22 @@ impl PeakMeter {
         Ok(meter)
     }
 
+    /// The configured limit: the budget, host memory or the device's memory.
     pub fn limit(&self) -> u64 {
         self.limit
+    }
+
+    /// The limit as it stands now: on the CPU, never more than this process holds plus
+    /// what the kernel could still give it, so memory other processes take lowers it
+    /// (CUDA usage already counts other processes' memory, see [`PeakMeter::peak`]).
+    pub fn current_limit(&self) -> u64 {
+        match self.device {
+            Device::Cuda(_) => self.limit,
+            _ => match (status_kib("VmRSS:"), host_available_bytes()) {
+                (Some(rss), Some(avail)) => self.limit.min(rss * 1024 + avail),
+                _ => self.limit,
+            },
+        }
     }
 
     /// False on a CPU run whose kernel refused the peak reset (figures then over-state).
@@ -89,6 +103,11 @@ impl PeakMeter {
 /// A `kB` line of /proc/self/status (`VmHWM:`, `VmRSS:`, `VmData:`).
 pub fn status_kib(key: &str) -> Option<u64> {
     kib_line(&fs::read_to_string("/proc/self/status").ok()?, key)
+}
+
+/// Memory the kernel could still hand out without swapping (MemAvailable), bytes.
+pub fn host_available_bytes() -> Option<u64> {
+    kib_line(&fs::read_to_string("/proc/meminfo").ok()?, "MemAvailable:").map(|k| k * 1024)
 }
 
 /// Total host memory, bytes.

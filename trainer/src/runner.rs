@@ -20,12 +20,12 @@ use headroom_core::policy::{
 };
 use headroom_core::units::fmt_bytes;
 use headroom_core::{
-    Bus, Command, EvalMetrics, Level, Notice, RunConfig, RunInfo, RunStatus, RunSummary,
-    StepMemory, StepMetrics, Telemetry,
+    Bus, Command, EvalMetrics, Level, MemorySummary, Notice, RunConfig, RunInfo, RunStatus,
+    RunSummary, StepMemory, StepMetrics, Telemetry,
 };
 use tch::{Device, TchError};
 
-use crate::checkpoint::{self, CheckpointError, CheckpointState};
+use crate::checkpoint::{self, CheckpointError, CheckpointState, CorpusRecord};
 use crate::data::{DataError, Dataset};
 use crate::device::{self, DeviceError};
 use crate::model::Gpt;
@@ -48,6 +48,31 @@ pub struct TrainOptions {
     /// path a bug in the trainer takes, for the tests that the screen, the exit code and
     /// the terminal survive one.
     pub inject_panic: Option<u64>,
+    /// A fresh run may delete another run's checkpoints in `checkpoint_dir`.
+    pub overwrite: bool,
+    /// A resume may train on a corpus whose content changed since the checkpoint.
+    pub allow_changed_corpus: bool,
+    /// How long a FIFO corpus may go without a writer.
+    pub fifo_wait: std::time::Duration,
+    /// On a resume, where the controller starts (`--batch-size`); else the checkpoint's.
+    pub start_micro_batch: Option<usize>,
+}
+
+impl TrainOptions {
+    /// A fresh run of `config` into `checkpoint_dir`, nothing injected or overridden.
+    pub fn new(config: RunConfig, checkpoint_dir: PathBuf) -> TrainOptions {
+        TrainOptions {
+            config,
+            checkpoint_dir,
+            resume: None,
+            inject_oom: Vec::new(),
+            inject_panic: None,
+            overwrite: false,
+            allow_changed_corpus: false,
+            fifo_wait: crate::data::FIFO_WAIT,
+            start_micro_batch: None,
+        }
+    }
 }
 
 /// Why a run could not start.
@@ -97,6 +122,7 @@ impl From<CheckpointError> for TrainError {
 pub struct TrainerHandle {
     thread: JoinHandle<Result<RunSummary, String>>,
     device: Device,
+    checkpoint_dir: PathBuf,
 }
 
 impl TrainerHandle {
@@ -120,11 +146,23 @@ impl TrainerHandle {
     pub fn device_label(&self) -> String {
         device::label(self.device)
     }
+
+    /// Where this run writes its checkpoints.
+    pub fn checkpoint_dir(&self) -> &Path {
+        &self.checkpoint_dir
+    }
 }
 
-/// The config a checkpoint was trained with (for `--resume`).
+/// The config a checkpoint was trained with (for `--resume`). Its corpus is the absolute
+/// path recorded at the run's start, so a resume works from any directory (`--corpus`
+/// may still say where the same content lives now).
 pub fn read_checkpoint_config(dir: &Path) -> Result<RunConfig, CheckpointError> {
-    Ok(checkpoint::load(dir)?.state.config)
+    let state = checkpoint::load(dir)?.state;
+    let mut config = state.config;
+    if let Some(rec) = state.corpus.filter(|r| !r.path.is_empty()) {
+        config.data.corpus = rec.path;
+    }
+    Ok(config)
 }
 
 /// Starts the trainer thread and waits until it has prepared the run (corpus, device,
@@ -136,6 +174,7 @@ pub fn spawn(
     commands: Receiver<Command>,
 ) -> Result<TrainerHandle, TrainError> {
     oom::quiet_oom_panics();
+    let checkpoint_dir = opts.checkpoint_dir.clone();
     let (ready_tx, ready_rx) = bounded::<Result<Device, TrainError>>(1);
     let thread = std::thread::Builder::new()
         .name("trainer".into())
@@ -170,7 +209,11 @@ pub fn spawn(
         })
         .map_err(|e| TrainError::Thread(format!("cannot start the trainer thread: {e}")))?;
     match ready_rx.recv() {
-        Ok(Ok(device)) => Ok(TrainerHandle { thread, device }),
+        Ok(Ok(device)) => Ok(TrainerHandle {
+            thread,
+            device,
+            checkpoint_dir,
+        }),
         Ok(Err(e)) => {
             let _ = thread.join();
             Err(e)
@@ -184,6 +227,166 @@ pub fn spawn(
             Err(TrainError::Thread(reason))
         }
     }
+}
+
+/// Whether two paths name the same directory (links and `..` resolved); a path that does
+/// not exist is compared as written.
+fn same_dir(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+/// What checkpoints record of the corpus: its absolute path and its content's digest.
+fn corpus_record(cfg: &RunConfig, data: &Dataset) -> CorpusRecord {
+    let path = match cfg.data.corpus.as_str() {
+        "" => String::new(),
+        p => std::path::absolute(p)
+            .map(|a| a.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| p.to_string()),
+    };
+    CorpusRecord {
+        path,
+        digest: data.digest(),
+        bytes: data.len() as u64,
+    }
+}
+
+/// A resume trains on the content the checkpoint was trained on, wherever it lives now;
+/// changed content is refused unless the user says so (then said on screen).
+fn check_same_corpus(
+    ck: &checkpoint::Checkpoint,
+    now: &CorpusRecord,
+    allow_changed: bool,
+    bus: &Bus,
+) -> Result<(), TrainError> {
+    let Some(then) = &ck.state.corpus else {
+        return Ok(());
+    };
+    if then.digest == now.digest {
+        return Ok(());
+    }
+    let name = |p: &str| if p.is_empty() { "the bundled corpus".to_string() } else { p.to_string() };
+    let what = format!(
+        "the corpus changed since checkpoint {}: it was {} ({} bytes, {}), it is now {} ({} \
+         bytes, {})",
+        ck.dir.display(),
+        name(&then.path),
+        then.bytes,
+        then.digest,
+        name(&now.path),
+        now.bytes,
+        now.digest
+    );
+    if !allow_changed {
+        return Err(TrainError::Config(format!(
+            "{what}; point --corpus at the original content, or pass --allow-changed-corpus \
+             to go on training on the new one"
+        )));
+    }
+    bus.send(Telemetry::Notice(Notice::new(
+        Level::Warn,
+        "data",
+        format!("{what}; training on the new content (--allow-changed-corpus)"),
+    )));
+    Ok(())
+}
+
+/// A resume with another `--steps` reshapes the learning-rate schedule: say how.
+fn schedule_change(now: &RunConfig, then: &RunConfig, step: u64) -> Option<Notice> {
+    if now.run.steps == then.run.steps {
+        return None;
+    }
+    let next = step + 1;
+    let old = Schedule::new(&then.optim, then.run.steps).lr_at(next);
+    let new = Schedule::new(&now.optim, now.run.steps).lr_at(next);
+    Some(Notice::new(
+        Level::Warn,
+        "optim",
+        format!(
+            "the run is now {} steps long (it was {}): the learning-rate schedule's decay is \
+             stretched to match, so step {next} trains at lr {new:.3e} instead of {old:.3e}",
+            now.run.steps, then.run.steps
+        ),
+    ))
+}
+
+/// Refuses a model that cannot train in the memory there is, before building it: a huge
+/// config would otherwise allocate until the machine swaps, or die in libtorch.
+fn check_model_fits(cfg: &RunConfig, device: Device) -> Result<(), TrainError> {
+    let params = Gpt::parameters_for(&cfg.model, cfg.data.seq_len);
+    // Weights, gradients and AdamW's two moments, all float32: the least a step needs.
+    let needed = params.saturating_mul(16);
+    let (room, what) = match device {
+        Device::Cuda(n) => match crate::alloc_stats::memory_info(n) {
+            Ok((_, total)) => (total, format!("cuda:{n}'s memory")),
+            Err(_) => return Ok(()),
+        },
+        _ => match cfg.memory.budget_bytes().ok().flatten() {
+            Some(b) => (b, "the budget (--memory-budget)".to_string()),
+            None => match crate::peak::host_available_bytes() {
+                Some(a) => (a, "the host memory available".to_string()),
+                None => return Ok(()),
+            },
+        },
+    };
+    if needed > u128::from(room) {
+        let m = &cfg.model;
+        return Err(TrainError::Config(format!(
+            "the model is too large: n_layer {} × n_embd {} gives {} parameters, whose \
+             weights, gradients and optimizer state need at least {}, more than {what} ({}); \
+             lower model.n_layer or model.n_embd",
+            m.n_layer,
+            m.n_embd,
+            fmt_count(params),
+            fmt_bytes(u64::try_from(needed).unwrap_or(u64::MAX)),
+            fmt_bytes(room)
+        )));
+    }
+    Ok(())
+}
+
+fn fmt_count(n: u128) -> String {
+    match n {
+        0..1_000_000 => n.to_string(),
+        1_000_000..1_000_000_000 => format!("{:.1}M", n as f64 / 1e6),
+        _ => format!("{:.1}B", n as f64 / 1e9),
+    }
+}
+
+/// Free space for checkpoints: refused when not even one fits, said when fewer than a
+/// save needs with the ones it keeps (a save writes the new one before pruning).
+fn check_room(root: &Path, parameters: u64) -> Result<Vec<Notice>, TrainError> {
+    let Some(free) = checkpoint::free_bytes(root) else {
+        return Ok(Vec::new());
+    };
+    let one = checkpoint::estimated_size(parameters);
+    if free < one {
+        return Err(CheckpointError::NoRoom {
+            root: root.to_path_buf(),
+            free,
+            needed: one,
+        }
+        .into());
+    }
+    let want = one * (checkpoint::KEEP as u64 + 1);
+    if free < want {
+        return Ok(vec![Notice::new(
+            Level::Warn,
+            "checkpoint",
+            format!(
+                "{} has {} free; a checkpoint takes about {} and a save needs room for {} of \
+                 them: when the disk fills, older checkpoints are deleted first and the newest \
+                 is always kept",
+                root.display(),
+                fmt_bytes(free),
+                fmt_bytes(one),
+                checkpoint::KEEP + 1
+            ),
+        )]);
+    }
+    Ok(Vec::new())
 }
 
 /// How an attempt at a step or a validation pass failed.
@@ -277,6 +480,12 @@ struct Trainer {
     /// Training losses since the previous evaluation (sum, count).
     losses_since_eval: (f64, u64),
     stopped_by_user: bool,
+    /// The checkpoint directory is this run's while this lives.
+    _lock: checkpoint::DirLock,
+    /// The corpus as checkpoints record it.
+    corpus: CorpusRecord,
+    /// Peak, resizes and OOMs, for the exit summary.
+    memory: MemorySummary,
 }
 
 impl Trainer {
@@ -284,7 +493,12 @@ impl Trainer {
         let cfg = opts.config;
         cfg.validate()
             .map_err(|e| TrainError::Config(e.to_string()))?;
-        let data = Dataset::load(&cfg.data.corpus, cfg.data.val_fraction, cfg.data.seq_len)?;
+        let data = Dataset::load_waiting(
+            &cfg.data.corpus,
+            cfg.data.val_fraction,
+            cfg.data.seq_len,
+            opts.fifo_wait,
+        )?;
         let choice = cfg
             .device()
             .map_err(|e| TrainError::Config(e.to_string()))?;
@@ -292,14 +506,22 @@ impl Trainer {
         if cfg.run.threads > 0 {
             tch::set_num_threads(cfg.run.threads as i32);
         }
+        check_model_fits(&cfg, device)?;
         let resumed = opts.resume.as_deref().map(checkpoint::load).transpose()?;
+        let corpus = corpus_record(&cfg, &data);
+        if let Some(ck) = &resumed {
+            check_same_corpus(ck, &corpus, opts.allow_changed_corpus, bus)?;
+        }
 
-        let torch = |what: &str, e: TchError| TrainError::Torch(format!("{what} failed: {e}"));
+        // libtorch's own errors carry a C++ backtrace: the first line is the message.
+        let torch =
+            |what: &str, e: TchError| TrainError::Torch(format!("{what} failed: {}", first_line(&e.to_string())));
         let model = Gpt::new(&cfg.model, cfg.data.seq_len, device, cfg.run.seed)
             .map_err(|e| torch("building the model", e))?;
         let mut opt = AdamW::new(model.named_parameters(), AdamWConfig::from(&cfg.optim))
             .map_err(|e| torch("allocating the optimizer state", e))?;
 
+        let mut notices = Vec::new();
         let (start_step, tokens_seen, saved) = match &resumed {
             None => (0, 0, None),
             Some(ck) => {
@@ -314,6 +536,20 @@ impl Trainer {
                     )));
                 }
                 ck.restore(&model, &mut opt)?;
+                if ck.state.checksums.is_empty() {
+                    notices.push(Notice::new(
+                        Level::Warn,
+                        "checkpoint",
+                        format!(
+                            "{} has no checksums in its state.json (written by an older \
+                             headroom, or edited): its tensors were loaded unchecked",
+                            ck.dir.display()
+                        ),
+                    ));
+                }
+                if let Some(n) = schedule_change(&cfg, &ck.state.config, ck.state.step) {
+                    notices.push(n);
+                }
                 if ck.state.seed != cfg.run.seed {
                     bus.send(Telemetry::Notice(Notice::new(
                         Level::Warn,
@@ -332,21 +568,35 @@ impl Trainer {
                 )
             }
         };
-        // After the checkpoint loaded: proving the directory writable creates it, and a
-        // resume that fails must not leave an empty one behind.
-        checkpoint::check_writable(&opts.checkpoint_dir)?;
+        // After the checkpoint loaded: claiming the directory creates it, and a resume
+        // that fails must not leave an empty one behind.
+        let adopt = opts
+            .resume
+            .as_deref()
+            .is_some_and(|r| same_dir(checkpoint::root_of(r), &opts.checkpoint_dir));
+        let (lock, removed) = checkpoint::claim(&opts.checkpoint_dir, adopt, opts.overwrite)?;
+        if !removed.is_empty() {
+            notices.push(Notice::new(
+                Level::Warn,
+                "checkpoint",
+                format!(
+                    "--overwrite: deleted the previous run's checkpoints in {} ({})",
+                    opts.checkpoint_dir.display(),
+                    removed.join(", ")
+                ),
+            ));
+        }
+        notices.extend(check_room(&opts.checkpoint_dir, model.num_parameters())?);
 
         // Resuming starts at the micro-batch the run had settled on, unless the user asked
         // for another one (--batch-size) this time.
-        let start_micro = resumed
-            .as_ref()
-            .and_then(|ck| {
-                let unchanged = ck.state.config.batch.micro_batch == cfg.batch.micro_batch;
-                ck.state.micro_batch.filter(|_| unchanged)
-            })
+        let start_micro = opts
+            .start_micro_batch
+            .or_else(|| resumed.as_ref().and_then(|ck| ck.state.micro_batch))
             .unwrap_or(cfg.batch.micro_batch);
         let (controller, meter, mut startup_notices) =
             Self::memory_policy(&cfg, device, start_micro)?;
+        startup_notices.extend(notices);
         let threads = match tch::get_num_threads() {
             1 => "1 intra-op thread".to_string(),
             n => format!("{n} intra-op threads"),
@@ -373,6 +623,8 @@ impl Trainer {
             startup_notices,
             effective_batch: cfg.batch.effective(),
             checkpoint_dir: opts.checkpoint_dir,
+            _lock: lock,
+            corpus,
             cfg,
             data,
             model,
@@ -388,6 +640,7 @@ impl Trainer {
             last_val_loss: None,
             losses_since_eval: (0.0, 0),
             stopped_by_user: false,
+            memory: MemorySummary::default(),
         })
     }
 
@@ -403,7 +656,28 @@ impl Trainer {
         let mem = &cfg.memory;
         let config = |e: headroom_core::ConfigError| TrainError::Config(e.to_string());
         let thresholds = mem.thresholds().map_err(config)?;
-        let budget = mem.budget_bytes().map_err(config)?;
+        let mut budget = mem.budget_bytes().map_err(config)?;
+        if mem.is_auto_budget() && device == Device::Cpu {
+            let held = crate::peak::status_kib("VmRSS:").map(|k| k * 1024);
+            let available = crate::peak::host_available_bytes();
+            if let (Some(held), Some(available)) = (held, available) {
+                let b = headroom_core::config::auto_budget(held, available);
+                budget = Some(b);
+                notices.push(Notice::new(
+                    Level::Info,
+                    "memory",
+                    format!(
+                        "memory budget auto: {} (this process's {} once the model exists, plus \
+                         {} for activations), so the controller fits the micro-batch to it; \
+                         set memory.memory_budget = \"\" (all host memory) or --memory-budget \
+                         SIZE to change it",
+                        fmt_bytes(b),
+                        fmt_bytes(held),
+                        fmt_bytes(b - held)
+                    ),
+                ));
+            }
+        }
         if mem.hard_limit && device != Device::Cpu {
             return Err(TrainError::Config(
                 "--hard-limit caps host memory and applies to CPU runs only; drop it or use \
@@ -411,13 +685,37 @@ impl Trainer {
                     .into(),
             ));
         }
-        if budget.is_some() && device != Device::Cpu {
+        if budget.is_some() && device != Device::Cpu && !mem.is_auto_budget() {
             notices.push(Notice::new(
                 Level::Warn,
                 "memory",
                 "--memory-budget applies to CPU runs; a CUDA run is measured against the \
                  device's memory",
             ));
+        }
+        if device == Device::Cpu {
+            if let Err(e) = oom::follow_live_tensors() {
+                notices.push(Notice::new(
+                    Level::Warn,
+                    "memory",
+                    format!("{e}: freed memory may stay resident and step peaks over-state"),
+                ));
+            }
+        }
+        if let (Some(b), Some(rss)) = (budget, crate::peak::status_kib("VmRSS:")) {
+            let held = rss * 1024;
+            // Under a budget the process already exceeds, every step is an emergency and
+            // the controller can only shrink to nothing.
+            if device == Device::Cpu && b <= held {
+                return Err(TrainError::Config(format!(
+                    "--memory-budget {} is below what this process already holds ({}: \
+                     libtorch, the data, the model and its optimizer state); give a budget \
+                     well above that, e.g. {}",
+                    fmt_bytes(b),
+                    fmt_bytes(held),
+                    fmt_bytes((held * 2).next_multiple_of(64 << 20))
+                )));
+            }
         }
         let meter = PeakMeter::new(device, budget).map_err(TrainError::Config)?;
         if !meter.is_exact() {
@@ -520,7 +818,13 @@ impl Trainer {
         }
         let trained = self.step > self.start_step;
         if trained && self.saved.as_ref().map(|s| s.0) != Some(self.step) {
-            self.checkpoint(bus).map_err(|e| e.to_string())?;
+            if let Err(e) = self.checkpoint(bus) {
+                return Err(format!(
+                    "the final checkpoint (step {}) could not be written: {e}. {}",
+                    self.step,
+                    self.kept_text()
+                ));
+            }
         }
         let summary = RunSummary {
             steps_done: self.step,
@@ -531,6 +835,12 @@ impl Trainer {
             tokens_seen: self.tokens_seen,
             elapsed_s: started.elapsed().as_secs_f64(),
             checkpoint: self.saved.as_ref().map(|s| s.1.display().to_string()),
+            memory: MemorySummary {
+                final_micro_batch: self.controller.micro_batch(),
+                accum_steps: self.effective_batch.div_ceil(self.controller.micro_batch().max(1)),
+                effective_batch: self.effective_batch,
+                ..self.memory.clone()
+            },
         };
         bus.send(Telemetry::Status {
             status: RunStatus::Finished,
@@ -545,7 +855,7 @@ impl Trainer {
         let s = self.step + 1;
         let seq = self.cfg.data.seq_len_at(self.cfg.run.seed, s);
         let forecast = self.controller.before_step(seq);
-        self.apply(bus, s - 1, forecast);
+        self.apply(bus, s, forecast);
         let (plan, out, dt) = loop {
             let plan = StepPlan {
                 seed: self.cfg.run.seed,
@@ -620,7 +930,14 @@ impl Trainer {
                 return;
             }
         };
-        let limit = self.meter.limit();
+        let limit = self.meter.current_limit();
+        let usage = peak as f64 / limit as f64;
+        let m = &mut self.memory;
+        if m.peak_usage.is_none_or(|u| usage > u) {
+            m.peak_usage = Some(usage);
+            m.peak_bytes = Some(peak);
+            m.limit_bytes = Some(limit);
+        }
         bus.send(Telemetry::StepMemory(StepMemory {
             step: plan.step,
             micro_batch: plan.micro_batch,
@@ -628,7 +945,8 @@ impl Trainer {
             peak_bytes: peak,
             predicted_bytes: predicted,
             limit_bytes: limit,
-            usage: peak as f64 / limit as f64,
+            configured_limit_bytes: self.meter.limit(),
+            usage,
         }));
         let decisions = self.controller.observe(StepObservation {
             step: plan.step,
@@ -650,6 +968,7 @@ impl Trainer {
         error: String,
     ) -> Result<(), String> {
         self.opt.zero_grad();
+        self.memory.ooms += 1;
         let outcome = self.controller.on_oom(plan.micro_batch, plan.seq_len);
         bus.send(Telemetry::Oom {
             step: plan.step,
@@ -658,7 +977,7 @@ impl Trainer {
             retry_with: outcome.retry_with,
             error: first_line(&error),
         });
-        self.apply(bus, plan.step - 1, outcome.decisions);
+        self.apply(bus, plan.step, outcome.decisions);
         if outcome.retry_with.is_some() {
             return Ok(());
         }
@@ -682,8 +1001,14 @@ impl Trainer {
     }
 
     /// Carries out the controller's decisions and reports each with its numbers.
+    /// `step` is the step the decision concerns: made before its first attempt, after an
+    /// out-of-memory error in it, or once it completed (one numbering, on screen and in
+    /// the log).
     fn apply(&mut self, bus: &Bus, step: u64, decisions: Vec<Decision>) {
         for decision in decisions {
+            if let Decision::Resize { .. } = decision {
+                self.memory.resizes += 1;
+            }
             if let Decision::EmptyCache { .. } = decision {
                 if let Err(e) = oom::free_cached(self.device) {
                     bus.send(Telemetry::Notice(Notice::new(
@@ -774,8 +1099,32 @@ impl Trainer {
                     &self.cfg,
                     &self.model,
                     self.controller.micro_batch(),
-                );
-                let path = checkpoint::save(&self.checkpoint_dir, &self.model, &self.opt, &state)?;
+                )
+                .with_corpus(Some(self.corpus.clone()));
+                let save = || checkpoint::save(&self.checkpoint_dir, &self.model, &self.opt, &state);
+                let path = match save() {
+                    Ok(path) => path,
+                    Err(first) => {
+                        // Most often a full disk: older checkpoints go first, the newest
+                        // one stays whatever happens, and the save is tried once more.
+                        let keep = self.saved.as_ref().map(|s| s.1.as_path());
+                        let removed = checkpoint::prune_all_but(&self.checkpoint_dir, keep);
+                        if removed.is_empty() {
+                            return Err(first);
+                        }
+                        bus.send(Telemetry::Notice(Notice::new(
+                            Level::Warn,
+                            "checkpoint",
+                            format!(
+                                "saving step {} failed ({first}); deleted older checkpoints \
+                                 ({}) to make room and trying again",
+                                self.step,
+                                removed.join(", ")
+                            ),
+                        )));
+                        save()?
+                    }
+                };
                 self.saved = Some((self.step, path.clone()));
                 path
             }
@@ -785,6 +1134,25 @@ impl Trainer {
             path: path.display().to_string(),
         });
         Ok(path)
+    }
+
+    /// What is on disk after a failed save: said exactly, since that is what the user keeps.
+    fn kept_text(&self) -> String {
+        match &self.saved {
+            Some((step, path)) if path.join("state.json").exists() => format!(
+                "Kept: the checkpoint of step {step} at {} ({} steps behind), untouched; \
+                 continue from it with --resume {} once there is room",
+                path.display(),
+                self.step - step,
+                self.checkpoint_dir.display()
+            ),
+            _ => format!(
+                "No checkpoint of this run is on disk: the {} steps trained are lost; free \
+                 space in {} (or choose another --checkpoint-dir) and start again",
+                self.step - self.start_step,
+                self.checkpoint_dir.display()
+            ),
+        }
     }
 
     /// Acts on every waiting command; blocks while paused.

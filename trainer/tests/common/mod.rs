@@ -24,17 +24,16 @@ pub fn tiny() -> RunConfig {
     c.model.n_head = 2;
     c.model.n_embd = 32;
     c.batch.micro_batch = 8;
+    c.batch.effective_batch = 0;
+    c.memory.memory_budget = String::new();
     c.optim.warmup_steps = 4;
     c
 }
 
 pub fn opts(config: RunConfig, dir: &Path, resume: Option<PathBuf>) -> TrainOptions {
     TrainOptions {
-        config,
-        checkpoint_dir: dir.to_path_buf(),
         resume,
-        inject_oom: Vec::new(),
-        inject_panic: None,
+        ..TrainOptions::new(config, dir.to_path_buf())
     }
 }
 

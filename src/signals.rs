@@ -1,0 +1,97 @@
+//! Signals. Every way a run is told to end (SIGINT, SIGTERM, SIGQUIT, and SIGHUP when the
+//! terminal or ssh link goes away) stops it gracefully: the step in progress finishes and
+//! a checkpoint is written. Asking a second time (SIGINT, SIGTERM or SIGQUIT again) ends
+//! the process at once: checkpoints are written whole or not at all, so the last one on
+//! disk stays good. SIGTSTP, while the dashboard owns the terminal, asks the screen to
+//! hand the terminal back before the process stops.
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use crossbeam_channel::Sender;
+use headroom_core::Command;
+use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGTSTP};
+
+use crate::out;
+
+/// What the signal thread tells the screen.
+#[derive(Clone, Default)]
+pub struct Flags {
+    /// A stop was asked for by a signal (a failed run's screen, which waits for `q`, closes).
+    pub stop: Arc<AtomicBool>,
+    /// The terminal hung up: the screen must stop drawing and let the run go on headless.
+    pub hangup: Arc<AtomicBool>,
+    /// SIGTSTP: the screen restores the terminal, then stops the process.
+    pub suspend: Arc<AtomicBool>,
+}
+
+/// Starts the thread that turns signals into commands and flags. `screen`: the dashboard
+/// owns the terminal (then SIGTSTP is handled and a forced exit restores the terminal).
+pub fn forward(
+    commands: Sender<Command>,
+    flags: Flags,
+    screen: bool,
+    checkpoints: PathBuf,
+) -> Result<()> {
+    let mut wanted = vec![SIGINT, SIGTERM, SIGQUIT, SIGHUP];
+    if screen {
+        wanted.push(SIGTSTP);
+    }
+    let mut signals =
+        signal_hook::iterator::Signals::new(&wanted).context("installing signal handlers")?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            for signal in signals.forever() {
+                match signal {
+                    SIGTSTP => flags.suspend.store(true, Ordering::SeqCst),
+                    SIGHUP => {
+                        flags.hangup.store(true, Ordering::SeqCst);
+                        // A hang-up repeated is the same event, not the user insisting.
+                        if !flags.stop.swap(true, Ordering::SeqCst) {
+                            let _ = commands.try_send(Command::Stop);
+                        }
+                    }
+                    _ => {
+                        if flags.stop.swap(true, Ordering::SeqCst) {
+                            exit_now(screen && !flags.hangup.load(Ordering::SeqCst), &checkpoints);
+                        }
+                        let _ = commands.try_send(Command::Stop);
+                    }
+                }
+            }
+        })
+        .context("spawning the signal thread")?;
+    Ok(())
+}
+
+/// The second ask: give the terminal back and end now, without waiting for the step.
+fn exit_now(screen: bool, checkpoints: &Path) -> ! {
+    if screen {
+        use crossterm::{cursor::Show, execute, terminal};
+        let _ = terminal::disable_raw_mode();
+        let _ = execute!(
+            std::io::stdout(),
+            terminal::Clear(terminal::ClearType::All),
+            terminal::LeaveAlternateScreen,
+            Show
+        );
+    }
+    out::err(&format!(
+        "headroom: asked twice to stop: exiting without finishing the step in progress; {}",
+        last_checkpoint_text(checkpoints)
+    ));
+    std::process::exit(130)
+}
+
+/// Which checkpoint a run leaves behind, from the checkpoint directory's `latest`.
+pub fn last_checkpoint_text(checkpoints: &Path) -> String {
+    match headroom_trainer::checkpoint::latest_step_dir(checkpoints) {
+        Some(dir) => format!("the last checkpoint, {}, is intact", dir.display()),
+        None => format!(
+            "no checkpoint had been written to {} yet",
+            checkpoints.display()
+        ),
+    }
+}
