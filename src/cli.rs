@@ -36,7 +36,8 @@ pub struct TrainArgs {
     /// Total optimizer steps (including resumed ones)
     #[arg(long, value_name = "N")]
     pub steps: Option<u64>,
-    /// Micro-batch: sequences per forward/backward pass
+    /// Micro-batch: sequences per forward/backward pass, where the controller starts (raises
+    /// the effective batch to N when that is smaller and not given)
     #[arg(long, value_name = "N")]
     pub batch_size: Option<usize>,
     /// Sequences per optimizer step (micro-batches are accumulated to reach it)
@@ -53,6 +54,9 @@ pub struct TrainArgs {
     /// Write every telemetry record and event as JSON lines (docs/LOG_SCHEMA.md)
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
+    /// Steps between checkpoints (0: only when the run ends or stops)
+    #[arg(long, value_name = "N")]
+    pub checkpoint_every: Option<u64>,
     /// Where checkpoints go (default: runs/<run name>)
     #[arg(long, value_name = "DIR")]
     pub checkpoint_dir: Option<PathBuf>,
@@ -162,6 +166,12 @@ impl TrainArgs {
         // (when it is 0) and the validation set, which must not change mid-run.
         if let (Some(n), false) = (self.batch_size, resuming) {
             cfg.batch.micro_batch = n;
+            // A micro-batch beyond the configured effective batch, with none asked for:
+            // the user means to train on batches of n, not to meet an error about a
+            // default they never set.
+            if self.effective_batch.is_none() && cfg.batch.effective_batch != 0 {
+                cfg.batch.effective_batch = cfg.batch.effective_batch.max(n);
+            }
         }
         if let Some(n) = self.effective_batch {
             cfg.batch.effective_batch = n;
@@ -171,6 +181,9 @@ impl TrainArgs {
         }
         if let Some(n) = self.threads {
             cfg.run.threads = n;
+        }
+        if let Some(n) = self.checkpoint_every {
+            cfg.run.checkpoint_every = n;
         }
         if let Some(dir) = &self.checkpoint_dir {
             cfg.run.checkpoint_dir = dir.to_string_lossy().into_owned();
@@ -278,7 +291,10 @@ mod tests {
             (&["--thresholds", "0.9,0.92"][..], "four"),
             (&["--profile", "greedy"][..], "--profile"),
             (&["--memory-budget", "lots"][..], "--memory-budget"),
-            (&["--hard-limit"][..], "--memory-budget"),
+            (
+                &["--hard-limit", "--memory-budget", ""][..],
+                "--memory-budget",
+            ),
         ] {
             let err = format!("{:#}", args(flags).resolve(None).unwrap_err());
             assert!(err.contains(needle), "{flags:?}: {err}");

@@ -323,7 +323,7 @@ mod tests {
     use headroom_core::RunStatus;
     use std::os::unix::fs::OpenOptionsExt;
 
-    const NOWHERE: &Path = Path::new("/nonexistent/checkpoints");
+    const NOWHERE_DIR: &str = "/nonexistent/checkpoints";
     const WAIT: Duration = Duration::from_secs(2);
 
     #[test]
@@ -340,9 +340,15 @@ mod tests {
             ck.clone(),
         ] {
             let err = format!("{:#}", open(&inside, &[], &ck, WAIT).err().unwrap());
-            assert!(err.contains("inside the checkpoint directory"), "{inside:?}: {err}");
+            assert!(
+                err.contains("inside the checkpoint directory"),
+                "{inside:?}: {err}"
+            );
         }
-        assert_eq!(std::fs::read_to_string(ck.join("latest")).unwrap(), "step-000002\n");
+        assert_eq!(
+            std::fs::read_to_string(ck.join("latest")).unwrap(),
+            "step-000002\n"
+        );
         // Beside it is fine, including a name that only starts the same.
         open(&dir.path().join("runs/x.jsonl"), &[], &ck, WAIT)
             .unwrap()
@@ -361,7 +367,14 @@ mod tests {
         let t0 = Instant::now();
         let err = format!(
             "{:#}",
-            open(&fifo, &[], NOWHERE, Duration::from_millis(300)).err().unwrap()
+            open(
+                &fifo,
+                &[],
+                Path::new(NOWHERE_DIR),
+                Duration::from_millis(300)
+            )
+            .err()
+            .unwrap()
         );
         assert!(err.contains("no reader") && err.contains("--log"), "{err}");
         assert!(t0.elapsed() < Duration::from_secs(5));
@@ -371,7 +384,7 @@ mod tests {
             .custom_flags(libc::O_NONBLOCK)
             .open(&fifo)
             .unwrap();
-        let log = open(&fifo, &[], NOWHERE, WAIT).unwrap();
+        let log = open(&fifo, &[], Path::new(NOWHERE_DIR), WAIT).unwrap();
         assert!(is_fifo(&log.path));
         drop(reader);
     }
@@ -389,14 +402,24 @@ mod tests {
             .open(&fifo)
             .unwrap();
         let (bus, rx) = Bus::with_capacities(true, 64, 64, 16);
-        let writer = LogWriter::start(open(&fifo, &[], NOWHERE, WAIT).unwrap(), rx.log.unwrap(), bus.ui_only());
+        let writer = LogWriter::start(
+            open(&fifo, &[], Path::new(NOWHERE_DIR), WAIT).unwrap(),
+            rx.log.unwrap(),
+            bus.ui_only(),
+        );
         let t0 = Instant::now();
-        for _ in 0..20_000 {
-            bus.send(Telemetry::Status {
-                status: RunStatus::Paused,
-            });
+        // Records of 4 KiB: the pipe's 64 KiB fill after a handful, and the writer blocks.
+        for _ in 0..2_000 {
+            bus.send(Telemetry::Notice(Notice::new(
+                Level::Info,
+                "test",
+                "x".repeat(4096),
+            )));
         }
-        assert!(t0.elapsed() < Duration::from_secs(5), "the sender waited on the log");
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the sender waited on the log"
+        );
         assert!(bus.sink_losses().log > 0);
         drop(bus);
         let err = writer.finish(Duration::from_millis(300)).unwrap();
@@ -424,7 +447,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let blocker = dir.path().join("file");
         std::fs::write(&blocker, "x").unwrap();
-        let err = open(&blocker.join("run.jsonl"), &[], NOWHERE, WAIT).err().unwrap();
+        let err = open(
+            &blocker.join("run.jsonl"),
+            &[],
+            Path::new(NOWHERE_DIR),
+            WAIT,
+        )
+        .err()
+        .unwrap();
         assert!(format!("{err:#}").contains("--log"), "{err:#}");
     }
 
@@ -434,7 +464,14 @@ mod tests {
         let corpus = dir.path().join("corpus.txt");
         std::fs::write(&corpus, "text").unwrap();
         let via_dots = dir.path().join(".").join("corpus.txt");
-        let err = open(&via_dots, &[("corpus", &corpus)], NOWHERE, WAIT).err().unwrap();
+        let err = open(
+            &via_dots,
+            &[("corpus", &corpus)],
+            Path::new(NOWHERE_DIR),
+            WAIT,
+        )
+        .err()
+        .unwrap();
         let err = format!("{err:#}");
         assert!(err.contains("--log") && err.contains("corpus"), "{err}");
         assert_eq!(std::fs::read_to_string(&corpus).unwrap(), "text");
@@ -445,11 +482,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let old = dir.path().join("old.jsonl");
         std::fs::write(&old, "previous run\n").unwrap();
-        open(&old, &[], NOWHERE, WAIT).unwrap().abandon();
+        open(&old, &[], Path::new(NOWHERE_DIR), WAIT)
+            .unwrap()
+            .abandon();
         assert_eq!(std::fs::read_to_string(&old).unwrap(), "previous run\n");
 
         let new = dir.path().join("a/b/run.jsonl");
-        let log = open(&new, &[], NOWHERE, WAIT).unwrap();
+        let log = open(&new, &[], Path::new(NOWHERE_DIR), WAIT).unwrap();
         assert!(new.exists(), "created at open: the path is proven writable");
         log.abandon();
         assert!(!dir.path().join("a").exists(), "its directories went too");
@@ -461,7 +500,11 @@ mod tests {
         let path = dir.path().join("run.jsonl");
         std::fs::write(&path, "a much longer previous run\n").unwrap();
         let (bus, rx) = Bus::new(true);
-        let writer = LogWriter::start(open(&path, &[], NOWHERE, WAIT).unwrap(), rx.log.unwrap(), bus.ui_only());
+        let writer = LogWriter::start(
+            open(&path, &[], Path::new(NOWHERE_DIR), WAIT).unwrap(),
+            rx.log.unwrap(),
+            bus.ui_only(),
+        );
         bus.send(Telemetry::Status {
             status: RunStatus::Paused,
         });

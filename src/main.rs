@@ -139,9 +139,20 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
     )?;
 
     let mut end = if headless {
-        headless::run(rx.events.clone(), rx.metrics.clone(), config.run.progress_every)
+        headless::run(
+            rx.events.clone(),
+            rx.metrics.clone(),
+            config.run.progress_every,
+        )
     } else {
-        dashboard(&config.run.name, &rx, cmd_tx.clone(), &bus, &flags, args.close_on_finish)
+        dashboard(
+            &config.run.name,
+            &rx,
+            cmd_tx.clone(),
+            &bus,
+            &flags,
+            args.close_on_finish,
+        )
     };
     if end.force_quit {
         // The user asked twice: do not wait for the step in progress. Checkpoints are
@@ -156,7 +167,11 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
         // The screen is gone (a hang-up, a dead terminal): the run goes on, and ends,
         // headless; a hang-up also asked it to stop, like SIGTERM.
         out::err(&format!("headroom: {why}; continuing headless"));
-        end = headless::run(rx.events.clone(), rx.metrics.clone(), config.run.progress_every);
+        end = headless::run(
+            rx.events.clone(),
+            rx.metrics.clone(),
+            config.run.progress_every,
+        );
     }
 
     drop(sampler);
@@ -347,7 +362,10 @@ mod tests {
         assert!(done.contains("completed at step 300/300"), "{done}");
         assert!(done.contains("peak 87.9% (900 MiB of 1.00 GiB)"), "{done}");
         assert!(done.contains("micro-batch 78 × 3 + 22 = 256"), "{done}");
-        assert!(done.contains("3 resizes · 1 out-of-memory error caught"), "{done}");
+        assert!(
+            done.contains("3 resizes · 1 out-of-memory error caught"),
+            "{done}"
+        );
         assert!(done.contains("log run.jsonl"), "{done}");
         assert!(!done.contains("--resume"), "{done}");
         let stopped = summary_lines(&summary(120), None).join("\n");

@@ -173,7 +173,8 @@ fn resume_saves_where_it_was_resumed_from() {
 fn threads_are_set_and_reported() {
     let dir = tempfile::tempdir().unwrap();
     let notices = |args: &[&str]| -> Vec<String> {
-        let out = train_tiny(dir.path(), args);
+        // Each run replaces the previous one's checkpoints in runs/tiny.
+        let out = train_tiny(dir.path(), &[args, &["--overwrite"]].concat());
         assert!(out.status.success(), "{}", stderr(&out));
         of_kind(&read_log(&dir.path().join("t.jsonl")), "notice")
             .iter()

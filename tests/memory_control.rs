@@ -167,7 +167,7 @@ fn memory_flags_with_bad_values_are_clear_errors() {
         ),
         (
             &["--memory-budget", "64MiB", "--hard-limit"][..],
-            &["--memory-budget", "resident"][..],
+            &["--memory-budget", "already holds"][..],
         ),
         (&["--inject-oom", "0"][..], &["--inject-oom"][..]),
     ] {

@@ -148,16 +148,32 @@ fn config_values_out_of_range_name_the_key_and_the_fix() {
     for (text, needles) in [
         (
             "[optim]\nlr = 0.0\n",
-            &["optim.lr", "0 is not a positive", "3e-3"][..],
+            &["optim.lr", "0 is out of range", "3e-3"][..],
         ),
-        ("[optim]\nlr = -1e-3\n", &["optim.lr", "-0.001", "positive"]),
-        ("[optim]\nlr = nan\n", &["optim.lr", "NaN", "positive"]),
+        (
+            "[optim]\nlr = -1e-3\n",
+            &["optim.lr", "-0.001", "out of range"],
+        ),
+        ("[optim]\nlr = nan\n", &["optim.lr", "NaN", "out of range"]),
+        (
+            "[optim]\neps = inf\n",
+            &["optim.eps", "inf", "out of range"],
+        ),
+        (
+            "[optim]\ngrad_clip = nan\n",
+            &["optim.grad_clip", "NaN", "0 to turn clipping off"],
+        ),
+        ("[run]\nname = \"..\"\n", &["run.name", "not . or .."]),
+        (
+            "[memory]\nmemory_budget = \"1\"\n",
+            &["memory.memory_budget", "1 B", "1GiB"],
+        ),
         (
             "[optim]\nlr = 1e-3\nmin_lr = 1e-2\n",
             &["optim.min_lr", "between 0 and optim.lr"],
         ),
         ("[optim]\nbeta2 = 1.0\n", &["optim.beta2", "[0, 1)"]),
-        ("[optim]\neps = 0.0\n", &["optim", "eps must be positive"]),
+        ("[optim]\neps = 0.0\n", &["optim.eps", "small positive"]),
         ("[data]\nseq_len = 0\n", &["data.seq_len", "2 to 65536"]),
         (
             "[data]\nseq_len = 1000000\n",
@@ -182,7 +198,7 @@ fn config_values_out_of_range_name_the_key_and_the_fix() {
             &["run.eval_batches", "at least 1"],
         ),
         ("[run]\nsample_hz = 0.0\n", &["run.sample_hz", "(0, 100]"]),
-        ("[run]\nname = \"a/b\"\n", &["run.name", "without slashes"]),
+        ("[run]\nname = \"a/b\"\n", &["run.name", "no slashes"]),
         (
             "[run]\ndevice = \"tpu\"\n",
             &["run.device", "tpu", "cuda:N"],

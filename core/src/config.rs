@@ -670,6 +670,15 @@ mod tests {
     }
 
     #[test]
+    fn the_auto_budget_leaves_room_above_the_process_within_what_is_free() {
+        assert_eq!(auto_budget(400 << 20, 16 << 30), (400 << 20) + AUTO_ROOM);
+        // A crowded machine: never more than half of what is still available.
+        assert_eq!(auto_budget(400 << 20, 200 << 20), 500 << 20);
+        let c = RunConfig::default();
+        assert!(c.memory.is_auto_budget() && c.memory.budget_bytes().unwrap().is_none());
+    }
+
+    #[test]
     fn default_toml_matches_built_in_defaults() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/default.toml");
         assert_eq!(RunConfig::load(&path).unwrap(), RunConfig::default());
@@ -764,6 +773,7 @@ mod tests {
         c.model.n_embd = 130;
         assert!(c.validate().unwrap_err().to_string().contains("n_head"));
         let mut c = RunConfig::default();
+        c.batch.micro_batch = 16;
         c.batch.effective_batch = 8;
         assert!(c
             .validate()
@@ -808,6 +818,7 @@ mod tests {
             .to_string()
             .contains("--memory-budget"));
         let mut c = RunConfig::default();
+        c.memory.memory_budget = String::new();
         c.memory.hard_limit = true;
         assert!(c
             .validate()

@@ -43,8 +43,11 @@ impl Pty {
         assert_eq!(rc, 0, "FD_CLOEXEC on the pty master");
         cmd.stdin(Stdio::from(slave.try_clone().unwrap()))
             .stdout(Stdio::from(slave.try_clone().unwrap()))
-            .stderr(Stdio::from(slave.try_clone().unwrap()))
-            .env("TERM", "xterm-256color");
+            .stderr(Stdio::from(slave.try_clone().unwrap()));
+        // A terminal that draws, unless the test chose one.
+        if !cmd.get_envs().any(|(k, _)| k == "TERM") {
+            cmd.env("TERM", "xterm-256color");
+        }
         // SAFETY: setsid and TIOCSCTTY are async-signal-safe; they make the pty the
         // child's controlling terminal, as a shell would.
         unsafe {

@@ -6,6 +6,7 @@
 //! <root>/step-000120/state.json             format version, step, seed, tokens, config,
 //!                                           model fingerprint, tensor-file checksums
 //! <root>/latest                             "step-000120"
+//! <root>/.lock                              flock'd by the run writing here (its pid)
 //! ```
 //!
 //! A save never leaves a half-written checkpoint where a resume would find it: everything
@@ -223,11 +224,7 @@ impl fmt::Display for CheckpointError {
                 root.display(),
                 root.display()
             ),
-            CheckpointError::NoRoom {
-                root,
-                free,
-                needed,
-            } => write!(
+            CheckpointError::NoRoom { root, free, needed } => write!(
                 f,
                 "checkpoint directory {} has {} free, and one checkpoint of this model needs \
                  about {}; free some space or choose another --checkpoint-dir",
@@ -413,10 +410,9 @@ pub fn prune_all_but(root: &Path, keep: Option<&Path>) -> Vec<String> {
         let name = entry.file_name().to_string_lossy().into_owned();
         let path = entry.path();
         let stale = parse_step_dir(&name).is_some() || name.starts_with(TMP_PREFIX);
-        if stale && keep.is_none_or(|k| k.file_name() != path.file_name()) {
-            if fs::remove_dir_all(&path).is_ok() {
-                removed.push(name);
-            }
+        let kept = keep.is_some_and(|k| k.file_name() == path.file_name());
+        if stale && !kept && fs::remove_dir_all(&path).is_ok() {
+            removed.push(name);
         }
     }
     removed.sort();

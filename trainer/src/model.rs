@@ -213,7 +213,8 @@ impl Gpt {
     pub fn parameters_for(cfg: &ModelSection, seq_len: usize) -> u128 {
         let (c, l, v) = (cfg.n_embd as u128, cfg.n_layer as u128, VOCAB_SIZE as u128);
         let linear = |i: u128, o: u128| i * o + o;
-        let block = 2 * (2 * c) + linear(c, 3 * c) + linear(c, c) + linear(c, 4 * c) + linear(4 * c, c);
+        let block =
+            2 * (2 * c) + linear(c, 3 * c) + linear(c, c) + linear(c, 4 * c) + linear(4 * c, c);
         let head = if cfg.tie_weights { 0 } else { v * c };
         v * c + seq_len as u128 * c + l * block + 2 * c + head
     }

@@ -159,4 +159,42 @@ mod tests {
         assert_eq!(kib_line(text, "VmData:"), None);
         assert!(host_total_bytes().unwrap() > 1 << 28);
     }
+
+    /// Memory another process takes lowers the CPU limit the controller and the screen
+    /// use: "23 GiB to the limit" while another job held 61% of the host misled.
+    #[test]
+    fn memory_held_by_another_process_lowers_the_cpu_limit() {
+        let meter = PeakMeter::new(Device::Cpu, None).unwrap();
+        let before = meter.current_limit();
+        assert!(before <= meter.limit());
+        let hog = 3u64 << 30;
+        if host_available_bytes().unwrap() < 2 * hog {
+            eprintln!("SKIPPED: not enough free memory to hold 3 GiB in another process");
+            return;
+        }
+        // Touched pages (a fill, not calloc), held until told to go.
+        let mut child = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import sys; x = b'\\x01' * (3 << 30); print('held', flush=True); sys.stdin.read()",
+            ])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line.trim(), "held");
+        let during = meter.current_limit();
+        drop(child.stdin.take());
+        let _ = child.wait();
+        assert!(
+            during + (2 << 30) <= before,
+            "limit {before} before, {during} while another process held 3 GiB"
+        );
+    }
 }

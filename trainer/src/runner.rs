@@ -16,7 +16,7 @@ use std::collections::BTreeSet;
 
 use crossbeam_channel::{bounded, Receiver, TryRecvError};
 use headroom_core::policy::{
-    Controller, ControllerConfig, Decision, Profile, StepObservation, Thresholds,
+    Controller, ControllerConfig, Decision, Profile, StepObservation, Thresholds, Upcoming,
 };
 use headroom_core::units::fmt_bytes;
 use headroom_core::{
@@ -34,6 +34,10 @@ use crate::optim::{AdamW, AdamWConfig};
 use crate::peak::PeakMeter;
 use crate::schedule::Schedule;
 use crate::step::{self, StepPlan};
+
+/// Steps ahead the controller is told about lengths (a ramp or random lengths), so it can
+/// shrink before a longer one arrives rather than meet it at critical.
+const LENGTH_HORIZON: u64 = 16;
 
 pub struct TrainOptions {
     /// The run's configuration, validated.
@@ -267,7 +271,13 @@ fn check_same_corpus(
     if then.digest == now.digest {
         return Ok(());
     }
-    let name = |p: &str| if p.is_empty() { "the bundled corpus".to_string() } else { p.to_string() };
+    let name = |p: &str| {
+        if p.is_empty() {
+            "the bundled corpus".to_string()
+        } else {
+            p.to_string()
+        }
+    };
     let what = format!(
         "the corpus changed since checkpoint {}: it was {} ({} bytes, {}), it is now {} ({} \
          bytes, {})",
@@ -514,8 +524,9 @@ impl Trainer {
         }
 
         // libtorch's own errors carry a C++ backtrace: the first line is the message.
-        let torch =
-            |what: &str, e: TchError| TrainError::Torch(format!("{what} failed: {}", first_line(&e.to_string())));
+        let torch = |what: &str, e: TchError| {
+            TrainError::Torch(format!("{what} failed: {}", first_line(&e.to_string())))
+        };
         let model = Gpt::new(&cfg.model, cfg.data.seq_len, device, cfg.run.seed)
             .map_err(|e| torch("building the model", e))?;
         let mut opt = AdamW::new(model.named_parameters(), AdamWConfig::from(&cfg.optim))
@@ -764,7 +775,14 @@ impl Trainer {
             max_seq_len: cfg.data.seq_len,
             ..ControllerConfig::default()
         };
-        let controller = Controller::new(ccfg, thresholds, meter.limit(), start_micro);
+        let mut controller = Controller::new(ccfg, thresholds, meter.limit(), start_micro);
+        // The model and the optimizer state exist: what the process holds now is the fixed
+        // part every batch sits on, which one measured size alone cannot tell apart from
+        // the per-sequence cost (a run starting at 1 never grew without it).
+        match meter.reset().and_then(|()| meter.peak()) {
+            Ok(held) => controller.set_baseline(held),
+            Err(e) => notices.push(Notice::new(Level::Warn, "memory", e)),
+        }
         Ok((controller, meter, notices))
     }
 
@@ -837,7 +855,9 @@ impl Trainer {
             checkpoint: self.saved.as_ref().map(|s| s.1.display().to_string()),
             memory: MemorySummary {
                 final_micro_batch: self.controller.micro_batch(),
-                accum_steps: self.effective_batch.div_ceil(self.controller.micro_batch().max(1)),
+                accum_steps: self
+                    .effective_batch
+                    .div_ceil(self.controller.micro_batch().max(1)),
                 effective_batch: self.effective_batch,
                 ..self.memory.clone()
             },
@@ -854,7 +874,7 @@ impl Trainer {
     fn train_one(&mut self, bus: &Bus) -> Result<(), String> {
         let s = self.step + 1;
         let seq = self.cfg.data.seq_len_at(self.cfg.run.seed, s);
-        let forecast = self.controller.before_step(seq);
+        let forecast = self.controller.before_step_ahead(seq, self.upcoming(s));
         self.apply(bus, s, forecast);
         let (plan, out, dt) = loop {
             let plan = StepPlan {
@@ -921,6 +941,24 @@ impl Trainer {
         Ok(())
     }
 
+    /// The longest length the steps after `step` bring within the planning horizon, and
+    /// the first step that brings it: the controller makes room before it arrives.
+    fn upcoming(&self, step: u64) -> Upcoming {
+        let last = (step + LENGTH_HORIZON).min(self.cfg.run.steps);
+        (step + 1..=last)
+            .map(|s| (self.cfg.data.seq_len_at(self.cfg.run.seed, s), s))
+            .fold(Upcoming { seq_len: 0, step }, |best, (len, s)| {
+                if len > best.seq_len {
+                    Upcoming {
+                        seq_len: len,
+                        step: s,
+                    }
+                } else {
+                    best
+                }
+            })
+    }
+
     /// After a successful step: its peak, against the prediction, into the controller.
     fn observe_memory(&mut self, bus: &Bus, plan: &StepPlan, predicted: Option<u64>) {
         let peak = match self.meter.peak() {
@@ -931,6 +969,7 @@ impl Trainer {
             }
         };
         let limit = self.meter.current_limit();
+        self.controller.set_limit(limit);
         let usage = peak as f64 / limit as f64;
         let m = &mut self.memory;
         if m.peak_usage.is_none_or(|u| usage > u) {
@@ -1101,7 +1140,8 @@ impl Trainer {
                     self.controller.micro_batch(),
                 )
                 .with_corpus(Some(self.corpus.clone()));
-                let save = || checkpoint::save(&self.checkpoint_dir, &self.model, &self.opt, &state);
+                let save =
+                    || checkpoint::save(&self.checkpoint_dir, &self.model, &self.opt, &state);
                 let path = match save() {
                     Ok(path) => path,
                     Err(first) => {

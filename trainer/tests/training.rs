@@ -309,7 +309,7 @@ fn checkpoints_are_atomic_and_pruned() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    assert_eq!(names, ["latest", "step-000006", "step-000008"]);
+    assert_eq!(names, [".lock", "latest", "step-000006", "step-000008"]);
     assert_eq!(
         std::fs::read_to_string(root.join("latest")).unwrap().trim(),
         "step-000008"
@@ -374,7 +374,7 @@ fn a_step_saved_twice_is_replaced_whole() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    assert_eq!(names, ["latest", "step-000002", "step-000004"]);
+    assert_eq!(names, [".lock", "latest", "step-000002", "step-000004"]);
 }
 
 #[test]

@@ -40,6 +40,7 @@ fn full_app() -> App {
                 cpu_percent: 50.0,
                 mem_used: 40 << 30,
                 mem_total: 128 << 30,
+                mem_available: 0,
                 process_rss: 6 << 30,
             },
             gpu: Some(GpuStats {
@@ -64,6 +65,7 @@ fn full_app() -> App {
             peak_bytes: peak,
             predicted_bytes: Some(peak + (200 << 20)),
             limit_bytes: limit,
+            configured_limit_bytes: limit,
             usage: peak as f64 / limit as f64,
         }));
         if n % 1000 == 0 {

@@ -24,6 +24,52 @@ pub struct LogEntry {
     pub t: f64,
     pub level: Level,
     pub text: String,
+    /// Set while this entry announces what a command's confirmation would say again.
+    echo: Option<Echo>,
+}
+
+/// A state change the trainer reports just before confirming the command that caused it
+/// (`status: paused`, then `paused after step 8`): one happening, so one line.
+#[derive(Debug, Clone, PartialEq)]
+struct Echo {
+    answers: Answers,
+    merged: Merged,
+}
+
+/// The commands whose confirmation repeats an earlier entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answers {
+    Pause,
+    Resume,
+    Stop,
+    Thresholds,
+    Pin,
+    FreeCache,
+}
+
+impl Answers {
+    fn of(command: &Command) -> Option<Answers> {
+        Some(match command {
+            Command::Pause => Answers::Pause,
+            Command::Resume => Answers::Resume,
+            Command::Stop => Answers::Stop,
+            Command::SetThresholds { .. } | Command::SetProfile { .. } => Answers::Thresholds,
+            Command::PinMicroBatch { .. } => Answers::Pin,
+            Command::FreeCache => Answers::FreeCache,
+            _ => return None,
+        })
+    }
+}
+
+/// Which words the merged line keeps.
+#[derive(Debug, Clone, PartialEq)]
+enum Merged {
+    /// The confirmation's: it says more (`paused after step 8` over `status: paused`).
+    Answer,
+    /// The entry's own: it already names values, profile and source.
+    Own,
+    /// The confirmation's, between the entry's step and its details.
+    Framed { prefix: String, suffix: String },
 }
 
 /// What the event loop must do after a key.
@@ -33,6 +79,8 @@ pub enum Reaction {
     Send(Command),
     /// Leave now, without waiting for the trainer.
     Exit,
+    /// Hand the terminal back and stop the process until the shell continues it.
+    Suspend,
 }
 
 /// The panel keys like arrows act on; drawn with a highlighted border.
@@ -124,6 +172,8 @@ pub struct App {
     pub elapsed: f64,
     pub dropped: u64,
     pub show_help: bool,
+    /// The full-screen event list, every entry in full.
+    pub show_events: bool,
     pub focus: Focus,
     /// Entries of the event log scrolled past (0: the newest is on top).
     pub event_scroll: usize,
@@ -155,6 +205,7 @@ impl App {
             elapsed: 0.0,
             dropped: 0,
             show_help: false,
+            show_events: false,
             focus: Focus::Events,
             event_scroll: 0,
             window: Window::FiveMinutes,
@@ -185,9 +236,20 @@ impl App {
         matches!(self.status, RunStatus::Finished | RunStatus::Failed)
     }
 
+    /// The run is winding down: asked to stop, or the trainer said it is stopping.
+    pub fn is_stopping(&self) -> bool {
+        !self.is_over() && (self.stop_requested || self.status == RunStatus::Stopping)
+    }
+
+    /// Whether a command sent now would be acted on: the trainer reads commands between
+    /// steps, and none once it is stopping or gone.
+    pub fn takes_commands(&self) -> bool {
+        !self.is_over() && !self.is_stopping()
+    }
+
     pub fn apply(&mut self, msg: &Telemetry) {
         if let Some((level, text)) = self.policy.apply(self.elapsed, msg) {
-            self.log(level, text);
+            self.log_echo(level, text, echo_of(msg));
         }
         match msg {
             Telemetry::RunStarted(info) => {
@@ -229,7 +291,11 @@ impl App {
             Telemetry::Segments(map) => self.segments = Some(map.clone()),
             Telemetry::Status { status } => {
                 self.status = *status;
-                self.log(Level::Info, format!("status: {}", status.label()));
+                self.log_echo(
+                    Level::Info,
+                    format!("status: {}", status.label()),
+                    echo_of(msg),
+                );
             }
             Telemetry::Notice(n) => self.log(n.level, format!("[{}] {}", n.source, n.text)),
             Telemetry::CheckpointSaved { step, path } => {
@@ -285,20 +351,32 @@ impl App {
                 );
                 Reaction::Send(Command::Stop)
             }
+            Action::Suspend => Reaction::Suspend,
             // Decided by the status the trainer confirmed, not by what was last pressed.
+            Action::TogglePause if !self.takes_commands() => Reaction::Nothing,
             Action::TogglePause => match self.status {
                 RunStatus::Running => Reaction::Send(Command::Pause),
                 RunStatus::Paused => Reaction::Send(Command::Resume),
                 _ => Reaction::Nothing,
             },
-            Action::Checkpoint if !self.is_over() => Reaction::Send(Command::Checkpoint),
+            Action::Checkpoint if self.takes_commands() => Reaction::Send(Command::Checkpoint),
             Action::Checkpoint => Reaction::Nothing,
             Action::ToggleHelp => {
                 self.show_help = !self.show_help;
                 Reaction::Nothing
             }
-            Action::Back => {
+            Action::ToggleEvents => {
+                self.show_events = !self.show_events;
                 self.show_help = false;
+                Reaction::Nothing
+            }
+            // The topmost overlay first: help, then the event list.
+            Action::Back if self.show_help => {
+                self.show_help = false;
+                Reaction::Nothing
+            }
+            Action::Back => {
+                self.show_events = false;
                 Reaction::Nothing
             }
             Action::FocusNext => {
@@ -309,7 +387,7 @@ impl App {
                 self.focus = self.focus.shifted(-1);
                 Reaction::Nothing
             }
-            Action::Scroll(by) if self.focus == Focus::Events => {
+            Action::Scroll(by) if self.focus == Focus::Events || self.show_events => {
                 let max = self.events.len().saturating_sub(1);
                 self.event_scroll = self
                     .event_scroll
@@ -326,7 +404,7 @@ impl App {
                 self.window = self.window.next();
                 Reaction::Nothing
             }
-            Action::EditThresholds if !self.is_over() => {
+            Action::EditThresholds if self.takes_commands() => {
                 self.show_help = false;
                 // Starts from what is in force; before the trainer reported any, from the
                 // default it will most likely report.
@@ -334,17 +412,17 @@ impl App {
                 self.editor = Some(ThresholdEditor::new(start));
                 Reaction::Nothing
             }
-            Action::CycleProfile if !self.is_over() => {
+            Action::CycleProfile if self.takes_commands() => {
                 let next = next_profile(self.policy.profile);
                 Reaction::Send(Command::SetProfile { profile: next })
             }
-            Action::TogglePin if self.policy.pinned && !self.is_over() => {
+            Action::TogglePin if self.policy.pinned && self.takes_commands() => {
                 Reaction::Send(Command::Unpin)
             }
             Action::TogglePin => self.pin_at(|n| n),
             Action::DoubleBatch => self.pin_at(|n| n.saturating_mul(2)),
             Action::HalveBatch => self.pin_at(|n| n / 2),
-            Action::FreeCache if !self.is_over() => Reaction::Send(Command::FreeCache),
+            Action::FreeCache if self.takes_commands() => Reaction::Send(Command::FreeCache),
             // A finished run takes no commands; the editor's keys need the editor.
             Action::EditThresholds
             | Action::CycleProfile
@@ -357,7 +435,9 @@ impl App {
 
     fn command_applied(&mut self, command: &Command, applied: &str) {
         if !is_refusal(applied) {
-            self.log(Level::Info, applied);
+            if !self.merge_answer(command, applied) {
+                self.log(Level::Info, applied);
+            }
             return;
         }
         self.log(Level::Warn, applied);
@@ -379,9 +459,36 @@ impl App {
             .or(self.last_step.as_ref().map(|s| s.micro_batch))
     }
 
+    /// Folds a command's confirmation into the entry that announced its effect a moment
+    /// before (the same frame: the trainer sends both back to back), if there is one.
+    fn merge_answer(&mut self, command: &Command, applied: &str) -> bool {
+        let Some(answers) = Answers::of(command) else {
+            return false;
+        };
+        let now = self.elapsed;
+        let found = self
+            .events
+            .iter_mut()
+            .take(4)
+            .take_while(|e| e.t == now)
+            .find(|e| e.echo.as_ref().is_some_and(|echo| echo.answers == answers));
+        let Some(entry) = found else {
+            return false;
+        };
+        let echo = entry.echo.take().expect("found by its echo");
+        match echo.merged {
+            Merged::Answer => entry.text = applied.to_string(),
+            Merged::Own => {}
+            Merged::Framed { prefix, suffix } => {
+                entry.text = format!("{prefix}{applied}{suffix}");
+            }
+        }
+        true
+    }
+
     /// Pins the micro-batch at `f(current)`; nothing when no step has reported one.
     fn pin_at(&mut self, f: impl Fn(usize) -> usize) -> Reaction {
-        if self.is_over() {
+        if !self.takes_commands() {
             return Reaction::Nothing;
         }
         match self.micro_batch() {
@@ -420,6 +527,10 @@ impl App {
     }
 
     fn log(&mut self, level: Level, text: impl Into<String>) {
+        self.log_echo(level, text.into(), None);
+    }
+
+    fn log_echo(&mut self, level: Level, text: String, echo: Option<Echo>) {
         if self.events.len() == EVENT_LOG_LEN {
             self.events.pop_back();
         }
@@ -430,7 +541,8 @@ impl App {
         self.events.push_front(LogEntry {
             t: self.elapsed,
             level,
-            text: text.into(),
+            text,
+            echo,
         });
     }
 
@@ -488,7 +600,11 @@ impl App {
         } else {
             0.0
         };
-        let eta = self.eta().map(fmt_duration).unwrap_or_else(|| "--".into());
+        // A paused or ended run has no pace to extrapolate.
+        let eta = match self.eta() {
+            Some(secs) if self.status != RunStatus::Paused && !self.is_over() => fmt_duration(secs),
+            _ => "--".into(),
+        };
         format!("step {step}/{total} ({pct:.0}%)  ETA {eta}")
     }
 
@@ -503,6 +619,58 @@ impl App {
             None => format!("{} · {}", info.device, info.device_name),
         }
     }
+}
+
+/// The entry a message makes that a command's confirmation would repeat, if any.
+fn echo_of(msg: &Telemetry) -> Option<Echo> {
+    use headroom_core::policy::{Decision, ResizeReason};
+    let (answers, merged) = match msg {
+        Telemetry::Status { status } => (
+            match status {
+                RunStatus::Paused => Answers::Pause,
+                RunStatus::Running => Answers::Resume,
+                RunStatus::Stopping => Answers::Stop,
+                _ => return None,
+            },
+            Merged::Answer,
+        ),
+        Telemetry::ThresholdsChanged { source, .. } if source == "command" => {
+            (Answers::Thresholds, Merged::Own)
+        }
+        Telemetry::Decision {
+            step,
+            decision:
+                Decision::Resize {
+                    from,
+                    reason: ResizeReason::Pinned,
+                    predicted,
+                    ..
+                },
+        } => {
+            let predicted = predicted
+                .map(|p| format!(", predicted {}", crate::describe::pct(p)))
+                .unwrap_or_default();
+            (
+                Answers::Pin,
+                Merged::Framed {
+                    prefix: format!("step {step}: "),
+                    suffix: format!(" (was {from}{predicted})"),
+                },
+            )
+        }
+        Telemetry::Decision {
+            step,
+            decision: Decision::EmptyCache { .. },
+        } => (
+            Answers::FreeCache,
+            Merged::Framed {
+                prefix: format!("step {step}: "),
+                suffix: String::new(),
+            },
+        ),
+        _ => return None,
+    };
+    Some(Echo { answers, merged })
 }
 
 #[cfg(test)]

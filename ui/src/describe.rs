@@ -44,8 +44,44 @@ fn ceiling_cause(usage: f64) -> String {
     }
 }
 
-/// The event-log entry for a decision taken after step `step`.
+/// How alarming a decision is: the colour its log entry and headline take. Running out
+/// of memory and shrinking because usage crossed critical or emergency are errors;
+/// shrinking ahead of a forecast or after steps over target, and warnings, are warnings;
+/// growing and pinning are routine.
+pub fn decision_level(d: &Decision) -> Level {
+    match d {
+        Decision::Resize { reason, .. } => match reason {
+            ResizeReason::Critical | ResizeReason::Emergency | ResizeReason::Oom => Level::Error,
+            ResizeReason::Forecast | ResizeReason::OverTarget => Level::Warn,
+            ResizeReason::Grow | ResizeReason::Pinned => Level::Info,
+        },
+        Decision::EmptyCache { .. } | Decision::Warning { .. } => Level::Warn,
+        Decision::CeilingLearned { .. } | Decision::CeilingRaised { .. } => Level::Info,
+    }
+}
+
+/// The controller's own texts may already name their step (`step 58: usage stayed…`,
+/// `step 58 peaked at…`); the log's `step N:` prefix must not say it twice.
+fn without_own_step(step: u64, text: &str) -> &str {
+    let own = format!("step {step}");
+    match text.strip_prefix(&own) {
+        Some(rest) if rest.starts_with(':') || rest.starts_with(' ') => {
+            rest.trim_start_matches(':').trim_start()
+        }
+        _ => text,
+    }
+}
+
+/// The event-log entry for a decision about step `step` (taken before it, during it or
+/// after it completed: the trainer numbers all three by the step concerned).
 pub fn decision_event(step: u64, d: &Decision) -> (Level, String) {
+    (
+        decision_level(d),
+        format!("step {step}: {}", decision_text(step, d)),
+    )
+}
+
+fn decision_text(step: u64, d: &Decision) -> String {
     match d {
         Decision::Resize {
             from,
@@ -61,70 +97,82 @@ pub fn decision_event(step: u64, d: &Decision) -> (Level, String) {
                 _ => "shrink",
             };
             let at = pct(*usage);
-            let (level, why) = match reason {
-                ResizeReason::Grow => (Level::Info, format!(" at {at}")),
-                ResizeReason::Pinned => (Level::Info, String::new()),
-                ResizeReason::Critical => (Level::Warn, format!(" at {at} ≥ critical")),
-                ResizeReason::Emergency => (Level::Warn, format!(" at {at} ≥ emergency")),
-                ResizeReason::Forecast => (Level::Warn, format!(" at forecast {at}")),
-                ResizeReason::Oom => (Level::Warn, " after out of memory".to_string()),
-                ResizeReason::OverTarget => {
-                    (Level::Warn, format!(" after steps over target, at {at}"))
-                }
+            let why = match reason {
+                ResizeReason::Grow => format!(" at {at}"),
+                ResizeReason::Pinned => String::new(),
+                ResizeReason::Critical => format!(" at {at} ≥ critical"),
+                ResizeReason::Emergency => format!(" at {at} ≥ emergency"),
+                ResizeReason::Forecast => format!(" at forecast {at}"),
+                ResizeReason::Oom => " after out of memory".to_string(),
+                ResizeReason::OverTarget => format!(" after steps over target, at {at}"),
             };
-            (level, format!("step {step}: {verb} {from} → {to}{why}{pred}"))
+            format!("{verb} {from} → {to}{why}{pred}")
         }
-        Decision::EmptyCache { usage } if *usage >= 1.0 => (
-            Level::Warn,
-            format!("step {step}: cached memory freed after out of memory"),
-        ),
-        Decision::EmptyCache { usage } => (
-            Level::Warn,
-            format!("step {step}: cached memory freed at {}", pct(*usage)),
-        ),
+        Decision::EmptyCache { usage } if *usage >= 1.0 => {
+            "cached memory freed after out of memory".into()
+        }
+        Decision::EmptyCache { usage } => format!("cached memory freed at {}", pct(*usage)),
         Decision::CeilingLearned {
             micro_batch,
             tokens,
             usage,
-        } => (
-            Level::Info,
-            format!(
-                "step {step}: ceiling learned: under {tokens} tokens (micro-batch {micro_batch} {})",
-                ceiling_cause(*usage)
-            ),
+        } => format!(
+            "ceiling learned: under {tokens} tokens (micro-batch {micro_batch} {})",
+            ceiling_cause(*usage)
         ),
-        Decision::CeilingRaised { tokens: Some(t) } => (
-            Level::Info,
-            format!("step {step}: ceiling raised to {t} tokens after a run without OOMs"),
-        ),
-        Decision::CeilingRaised { tokens: None } => (
-            Level::Info,
-            format!("step {step}: ceiling dropped after a run without OOMs"),
-        ),
-        Decision::Warning { text, .. } => (Level::Warn, format!("step {step}: {text}")),
+        Decision::CeilingRaised { tokens: Some(t) } => {
+            format!("ceiling raised to {t} tokens after a run without OOMs")
+        }
+        Decision::CeilingRaised { tokens: None } => {
+            "ceiling dropped after a run without OOMs".into()
+        }
+        Decision::Warning { text, .. } => without_own_step(step, text).to_string(),
     }
 }
 
-/// The event-log entry for an out-of-memory error in step `step`.
+/// The event-log entry for an out-of-memory error in step `step`: an error whether or not
+/// it is retried, since the step's work was lost.
 pub fn oom_event(
     step: u64,
     micro_batch: usize,
     seq_len: usize,
     retry_with: Option<usize>,
 ) -> (Level, String) {
-    match retry_with {
-        Some(n) => (
-            Level::Warn,
-            format!(
-                "step {step}: out of memory at micro-batch {micro_batch} × {seq_len} tokens, retrying with {n}"
-            ),
+    let then = match retry_with {
+        Some(n) => format!("retrying with {n}"),
+        None => "giving up".into(),
+    };
+    (
+        Level::Error,
+        format!(
+            "step {step}: out of memory at micro-batch {micro_batch} × {seq_len} tokens, {then}"
         ),
-        None => (
-            Level::Error,
-            format!(
-                "step {step}: out of memory at micro-batch {micro_batch} × {seq_len} tokens, giving up"
-            ),
-        ),
+    )
+}
+
+/// How an effective batch is split into micro-batches, every candidate true: the last
+/// micro-batch is short when the micro-batch does not divide the effective batch
+/// (`163 × 3 + 23 = 512`), longest first.
+pub fn batch_split(micro: usize, accum: usize, effective: usize) -> Vec<String> {
+    let full = accum.saturating_sub(1);
+    let last = micro
+        .checked_mul(full)
+        .and_then(|done| effective.checked_sub(done));
+    match last {
+        Some(last) if accum > 0 && last == micro => vec![
+            format!("micro {micro} × accum {accum} = {effective}"),
+            format!("{micro} × {accum} = {effective}"),
+        ],
+        Some(last) if accum > 0 && last > 0 && last < micro => vec![
+            format!("micro {micro} × {full} + {last} = {effective} (accum {accum})"),
+            format!("micro {micro} × {full} + {last} = {effective}"),
+            format!("{micro} × {full} + {last} = {effective}"),
+        ],
+        // Figures that do not add up are shown as they came, not multiplied.
+        _ => vec![
+            format!("micro {micro}, accum {accum}, effective {effective}"),
+            format!("{micro}, {accum} steps, {effective}"),
+        ],
     }
 }
 
@@ -141,7 +189,8 @@ pub fn thresholds_event(t: &Thresholds, profile: Option<Profile>, source: &str) 
     )
 }
 
-/// Short headline for the training panel: `after step 12: 8 → 32 (grow)`.
+/// Short headline for the training panel: `step 12: 8 → 32 (grow)`, numbered as the
+/// event log numbers it.
 pub fn decision_headline(step: u64, d: &Decision) -> String {
     let what = match d {
         Decision::Resize {
@@ -154,11 +203,11 @@ pub fn decision_headline(step: u64, d: &Decision) -> String {
         Decision::Warning { forecast: true, .. } => "forecast warning".into(),
         Decision::Warning { .. } => "warning".into(),
     };
-    format!("after step {step}: {what}")
+    format!("step {step}: {what}")
 }
 
 /// Why the controller decided it, with the numbers; `t` are the thresholds in force.
-pub fn decision_reason(d: &Decision, t: Option<&Thresholds>) -> String {
+pub fn decision_reason(step: u64, d: &Decision, t: Option<&Thresholds>) -> String {
     match d {
         Decision::Resize {
             reason,
@@ -203,7 +252,7 @@ pub fn decision_reason(d: &Decision, t: Option<&Thresholds>) -> String {
         ),
         Decision::CeilingRaised { tokens: Some(t) } => format!("no OOM for a while: {t} tokens"),
         Decision::CeilingRaised { tokens: None } => "no OOM for a while".into(),
-        Decision::Warning { text, .. } => text.clone(),
+        Decision::Warning { text, .. } => without_own_step(step, text).to_string(),
     }
 }
 
@@ -235,7 +284,7 @@ mod tests {
             )
         );
         let (level, text) = decision_event(40, &resize(32, 16, ResizeReason::Oom, None));
-        assert_eq!(level, Level::Warn);
+        assert_eq!(level, Level::Error, "part of an out-of-memory error");
         assert_eq!(text, "step 40: shrink 32 → 16 after out of memory");
         assert_eq!(
             decision_event(40, &resize(32, 8, ResizeReason::Pinned, Some(0.4))).1,
@@ -249,18 +298,18 @@ mod tests {
             predicted: Some(0.89),
         };
         assert_eq!(
-            decision_event(30, &crit).1,
-            "step 30: shrink 32 → 24 at 96% ≥ critical (predicted 89%)"
+            decision_event(30, &crit),
+            (
+                Level::Error,
+                "step 30: shrink 32 → 24 at 96% ≥ critical (predicted 89%)".into()
+            )
         );
         let t = Thresholds::default();
         assert_eq!(
-            decision_reason(&crit, Some(&t)),
+            decision_reason(30, &crit, Some(&t)),
             "96% ≥ critical 95%; predicted 89%"
         );
-        assert_eq!(
-            decision_headline(30, &crit),
-            "after step 30: 32 → 24 (critical)"
-        );
+        assert_eq!(decision_headline(30, &crit), "step 30: 32 → 24 (critical)");
     }
 
     #[test]
@@ -268,11 +317,79 @@ mod tests {
         assert_eq!(
             oom_event(41, 32, 64, Some(16)),
             (
-                Level::Warn,
+                Level::Error,
                 "step 41: out of memory at micro-batch 32 × 64 tokens, retrying with 16".into()
             )
         );
         assert_eq!(oom_event(41, 1, 64, None).0, Level::Error);
+    }
+
+    /// Danger looks dangerous, routine looks routine: the colour follows the severity.
+    #[test]
+    fn levels_follow_severity() {
+        let level = |reason| decision_event(1, &resize(8, 4, reason, None)).0;
+        assert_eq!(oom_event(6, 64, 64, Some(32)).0, Level::Error);
+        assert_eq!(level(ResizeReason::Critical), Level::Error);
+        assert_eq!(level(ResizeReason::Emergency), Level::Error);
+        assert_eq!(level(ResizeReason::Oom), Level::Error);
+        assert_eq!(level(ResizeReason::Forecast), Level::Warn);
+        assert_eq!(level(ResizeReason::OverTarget), Level::Warn);
+        assert_eq!(
+            decision_event(1, &resize(4, 8, ResizeReason::Grow, None)).0,
+            Level::Info
+        );
+    }
+
+    /// The controller's texts name their step; the log must not say it twice.
+    #[test]
+    fn a_warning_that_names_its_step_is_not_prefixed_twice() {
+        let warn = |text: &str| Decision::Warning {
+            usage: 0.96,
+            forecast: false,
+            text: text.into(),
+        };
+        assert_eq!(
+            decision_event(58, &warn("step 58: usage stayed at 96%")).1,
+            "step 58: usage stayed at 96%"
+        );
+        assert_eq!(
+            decision_event(58, &warn("step 58 peaked at 93% of the limit")).1,
+            "step 58: peaked at 93% of the limit"
+        );
+        // Another step's number is information, not a duplicate; step 5 is not step 58.
+        assert_eq!(
+            decision_event(58, &warn("step 5 peaked")).1,
+            "step 58: step 5 peaked"
+        );
+        assert_eq!(
+            decision_event(5, &warn("step 58 peaked")).1,
+            "step 5: step 58 peaked"
+        );
+        assert_eq!(
+            decision_reason(58, &warn("step 58: usage stayed at 96%"), None),
+            "usage stayed at 96%"
+        );
+    }
+
+    /// A split that does not divide evenly is written as it is run, never as a product
+    /// that does not hold.
+    #[test]
+    fn batch_splits_always_add_up() {
+        assert_eq!(batch_split(8, 4, 32)[0], "micro 8 × accum 4 = 32");
+        assert_eq!(
+            batch_split(163, 4, 512)[0],
+            "micro 163 × 3 + 23 = 512 (accum 4)"
+        );
+        assert_eq!(batch_split(14, 19, 256)[1], "micro 14 × 18 + 4 = 256");
+        assert_eq!(batch_split(16, 1, 16)[0], "micro 16 × accum 1 = 16");
+        for (m, a, e) in [(163, 4, 512), (14, 19, 256), (8, 4, 32), (7, 5, 32)] {
+            for text in batch_split(m, a, e) {
+                assert!(text.contains(&format!("= {e}")), "{text}");
+            }
+        }
+        // Nonsense figures are shown, not multiplied.
+        assert_eq!(batch_split(10, 2, 5)[0], "micro 10, accum 2, effective 5");
+        assert_eq!(batch_split(10, 0, 5)[0], "micro 10, accum 0, effective 5");
     }
 
     #[test]
@@ -321,11 +438,11 @@ mod tests {
         );
         let t = Thresholds::default();
         assert_eq!(
-            decision_reason(&Decision::EmptyCache { usage: 0.914 }, Some(&t)),
+            decision_reason(9, &Decision::EmptyCache { usage: 0.914 }, Some(&t)),
             "91% > target 90%"
         );
         assert_eq!(
-            decision_reason(&Decision::EmptyCache { usage: 0.98 }, Some(&t)),
+            decision_reason(9, &Decision::EmptyCache { usage: 0.98 }, Some(&t)),
             "98% ≥ emergency 97%"
         );
     }

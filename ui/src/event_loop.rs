@@ -16,7 +16,7 @@ use ratatui::Terminal;
 
 use crate::app::{App, Reaction};
 use crate::keys::action_for;
-use crate::terminal::TerminalGuard;
+use crate::terminal::{NoTerminal, Suspend, TerminalGuard};
 use crate::view::render;
 
 #[derive(Debug, Clone)]
@@ -27,8 +27,18 @@ pub struct DashboardOptions {
     /// Minimum time between frames.
     pub frame_interval: Duration,
     /// Set by SIGINT/SIGTERM. A running trainer hears those itself (they stop it and the
-    /// loop ends with its summary); a failed run's screen, which waits for `q`, closes.
+    /// loop ends with its summary); an ended run's screen, which waits for `q`, closes.
     pub signalled: Arc<AtomicBool>,
+    /// Close as soon as the run finishes, instead of keeping its final screen (charts,
+    /// log, summary line) until `q`, as a failed run's screen is kept.
+    pub close_on_finish: bool,
+    /// Set by the binary's signal thread on a SIGTSTP from outside (`kill -TSTP`; Ctrl-Z
+    /// itself arrives as a key in raw mode). At the next frame tick the loop hands the
+    /// terminal back and stops the process, as for Ctrl-Z, and redraws on `fg`.
+    pub suspend: Arc<AtomicBool>,
+    /// Set on SIGHUP: the terminal is gone. The loop returns at the next frame tick
+    /// without drawing again, so the run can go on without a screen.
+    pub hangup: Arc<AtomicBool>,
 }
 
 impl DashboardOptions {
@@ -38,6 +48,9 @@ impl DashboardOptions {
             color: std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
             frame_interval: Duration::from_millis(50),
             signalled: Arc::new(AtomicBool::new(false)),
+            close_on_finish: false,
+            suspend: Arc::new(AtomicBool::new(false)),
+            hangup: Arc::new(AtomicBool::new(false)),
         }
     }
 }
@@ -48,10 +61,17 @@ pub struct DashboardExit {
     pub failure: Option<String>,
     /// The user quit without waiting for the trainer to finish.
     pub force_quit: bool,
+    /// The terminal hung up (SIGHUP). The trainer was not told anything: the caller
+    /// decides whether the run goes on without a screen.
+    pub hangup: bool,
+    /// Drawing on or reading the terminal failed (a dead tty answers EIO), and why. As
+    /// with a hang-up, the run itself is untouched.
+    pub screen_lost: Option<String>,
 }
 
-/// Runs the dashboard until the run finishes or fails, the trainer goes away, or the
-/// user force-quits. The terminal is restored before this returns, whatever happens.
+/// Runs the dashboard until the run has ended and the user closes the screen (or, with
+/// `close_on_finish`, until it finishes), the trainer goes away, the user force-quits, or
+/// the terminal is lost. The terminal is restored before this returns, whatever happens.
 pub fn run_dashboard(
     events: Receiver<Telemetry>,
     metrics: Receiver<Telemetry>,
@@ -59,11 +79,11 @@ pub fn run_dashboard(
     dropped: Arc<AtomicU64>,
     opts: DashboardOptions,
 ) -> io::Result<DashboardExit> {
-    let guard = TerminalGuard::enter()?;
+    let mut guard = TerminalGuard::enter()?;
     let mut terminal = Terminal::new(CrosstermBackend::new(io::stdout()))?;
 
     let input = InputReader::spawn()?;
-    let result = drive(
+    let result = drive_with(
         &mut terminal,
         &events,
         metrics,
@@ -71,6 +91,7 @@ pub fn run_dashboard(
         &dropped,
         &input.events,
         &opts,
+        &mut guard,
     );
     // Before the terminal goes back to the shell: a reader still running would swallow
     // the user's next keystrokes.
@@ -81,8 +102,32 @@ pub fn run_dashboard(
 
 /// The loop itself, over any backend and any source of terminal events: the live
 /// dashboard passes crossterm's; benchmarks and tests pass a recording backend and
-/// scripted keys.
+/// scripted keys. Suspending (Ctrl-Z) only redraws: there is no real terminal to give
+/// back; [`drive_with`] takes one.
 pub fn drive<B: Backend>(
+    terminal: &mut Terminal<B>,
+    events: &Receiver<Telemetry>,
+    metrics: Receiver<Telemetry>,
+    commands: &Sender<Command>,
+    dropped: &AtomicU64,
+    input: &Receiver<io::Result<Event>>,
+    opts: &DashboardOptions,
+) -> io::Result<DashboardExit> {
+    drive_with(
+        terminal,
+        events,
+        metrics,
+        commands,
+        dropped,
+        input,
+        opts,
+        &mut NoTerminal,
+    )
+}
+
+/// [`drive`], with `host` handing the terminal back while the process is suspended.
+#[allow(clippy::too_many_arguments)]
+pub fn drive_with<B: Backend>(
     terminal: &mut Terminal<B>,
     events: &Receiver<Telemetry>,
     mut metrics: Receiver<Telemetry>,
@@ -90,6 +135,7 @@ pub fn drive<B: Backend>(
     dropped: &AtomicU64,
     input: &Receiver<io::Result<Event>>,
     opts: &DashboardOptions,
+    host: &mut dyn Suspend,
 ) -> io::Result<DashboardExit> {
     let mut app = App::new(&opts.run_name, opts.color);
     let frames = tick(opts.frame_interval);
@@ -99,6 +145,7 @@ pub fn drive<B: Backend>(
     let mut dirty = true;
     loop {
         let mut draw_now = false;
+        let mut suspend_now = false;
         select! {
             recv(input) -> ev => match ev {
                 Ok(Ok(Event::Key(key))) if key.kind != KeyEventKind::Release => {
@@ -110,13 +157,19 @@ pub fn drive<B: Backend>(
                                 exit.force_quit = !app.is_over();
                                 break;
                             }
+                            Reaction::Suspend => suspend_now = true,
                         }
                         draw_now = true;
                     }
                 }
                 Ok(Ok(Event::Resize(_, _))) => draw_now = true,
                 Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err(e),
+                // A terminal that cannot be read is gone (a hung-up tty answers EIO); the
+                // run does not depend on it.
+                Ok(Err(e)) => {
+                    lose_screen(&mut exit, opts, format!("reading the terminal failed: {e}"));
+                    break;
+                }
                 Err(_) => return Err(io::Error::other("terminal input reader stopped")),
             },
             recv(events) -> msg => match msg {
@@ -124,7 +177,22 @@ pub fn drive<B: Backend>(
                     app.apply(&msg);
                     dirty = true;
                     match msg {
-                        Telemetry::Finished(s) => { exit.summary = Some(s); break; }
+                        Telemetry::Finished(s) => {
+                            let how = if s.stopped_by_user { "stopped" } else { "finished" };
+                            exit.summary = Some(s);
+                            // `q` here asked to leave: the stop it sent has landed. Only a
+                            // run that ended on its own (or was stopped from elsewhere)
+                            // keeps its final charts for the user to read.
+                            if opts.close_on_finish || app.stop_requested {
+                                break;
+                            }
+                            // The final charts stay, as a failed run's screen does.
+                            app.apply(&Telemetry::Notice(Notice::new(
+                                Level::Info,
+                                "ui",
+                                format!("the run {how}: q closes the screen (the summary is printed after)"),
+                            )));
+                        }
                         // The screen stays, with the reason and the state the run failed
                         // in, until the user has read it (`q`).
                         Telemetry::Failed { reason } => {
@@ -138,8 +206,8 @@ pub fn drive<B: Backend>(
                         _ => {}
                     }
                 }
-                // After a failure the trainer is gone by design; otherwise it left without
-                // a last word, and main reports its join result.
+                // After the run ended the trainer is gone by design; otherwise it left
+                // without a last word, and main reports its join result.
                 Err(_) if app.is_over() => events = never(),
                 Err(_) => break,
             },
@@ -160,16 +228,50 @@ pub fn drive<B: Backend>(
                 if app.is_over() && opts.signalled.load(Ordering::SeqCst) {
                     break;
                 }
+                suspend_now |= opts.suspend.swap(false, Ordering::SeqCst);
             },
         }
+        // Checked before anything touches the terminal: after a hang-up, a write could
+        // only fail.
+        if opts.hangup.load(Ordering::SeqCst) {
+            exit.hangup = true;
+            break;
+        }
+        if suspend_now {
+            if let Err(e) = host.suspend() {
+                lose_screen(
+                    &mut exit,
+                    opts,
+                    format!("taking the terminal back failed: {e}"),
+                );
+                break;
+            }
+            // The shell wrote over the screen meanwhile and the window may have changed
+            // size: the next frame is drawn whole.
+            if let Err(e) = terminal.clear() {
+                lose_screen(&mut exit, opts, format!("clearing the screen failed: {e}"));
+                break;
+            }
+            draw_now = true;
+        }
         if draw_now {
-            terminal
-                .draw(|f| render(f, &app))
-                .map_err(|e| io::Error::other(e.to_string()))?;
+            if let Err(e) = terminal.draw(|f| render(f, &app)) {
+                lose_screen(&mut exit, opts, format!("drawing failed: {e}"));
+                break;
+            }
             dirty = false;
         }
     }
     Ok(exit)
+}
+
+/// The terminal failed under the loop: a hang-up if one was signalled, else said why.
+fn lose_screen(exit: &mut DashboardExit, opts: &DashboardOptions, why: String) {
+    if opts.hangup.load(Ordering::SeqCst) {
+        exit.hangup = true;
+    } else {
+        exit.screen_lost = Some(why);
+    }
 }
 
 /// The trainer may be inside a long step: queue, never block.

@@ -9,6 +9,8 @@ pub enum Merge {
     Mean,
     /// Keep the maximum: for memory, where hiding a peak would hide the risk.
     Max,
+    /// Keep the minimum: for the micro-batch, where hiding a shrink would hide the risk.
+    Min,
 }
 
 #[derive(Debug, Clone)]
@@ -55,6 +57,7 @@ impl History {
         match self.merge {
             Merge::Mean => (a * na as f64 + b * nb as f64) / (na + nb) as f64,
             Merge::Max => a.max(b),
+            Merge::Min => a.min(b),
         }
     }
 

@@ -9,6 +9,11 @@ use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 pub enum Action {
     /// Stop gracefully; a second one while stopping quits without waiting.
     Quit,
+    /// Ctrl-Z: in raw mode the terminal sends it as a key, not as SIGTSTP, so the
+    /// dashboard hands the terminal back and stops itself, as the shell would have.
+    Suspend,
+    /// Open or close the full-screen event list, where long entries are read in full.
+    ToggleEvents,
     TogglePause,
     Checkpoint,
     ToggleHelp,
@@ -57,6 +62,10 @@ pub fn action_for(key: KeyEvent, context: KeyContext) -> Option<Action> {
     if key.code == KeyCode::Char('c') && key.modifiers.contains(KeyModifiers::CONTROL) {
         return Some(Action::Quit);
     }
+    // Job control works from anywhere too, as in every other program in a terminal.
+    if key.code == KeyCode::Char('z') && key.modifiers.contains(KeyModifiers::CONTROL) {
+        return Some(Action::Suspend);
+    }
     match context {
         KeyContext::Dashboard => dashboard_action(key.code),
         KeyContext::ThresholdEditor => editor_action(key.code),
@@ -86,6 +95,7 @@ fn dashboard_action(code: KeyCode) -> Option<Action> {
         KeyCode::Char('+') | KeyCode::Char('=') => Some(Action::DoubleBatch),
         KeyCode::Char('-') => Some(Action::HalveBatch),
         KeyCode::Char('f') => Some(Action::FreeCache),
+        KeyCode::Char('e') => Some(Action::ToggleEvents),
         _ => None,
     }
 }
@@ -147,7 +157,12 @@ pub const BINDINGS: &[(&str, &str, &str)] = &[
     (
         "f",
         "free cache",
-        "return cached allocator memory to the device now",
+        "return cached memory now (CUDA cache; CPU: heap's free pages)",
+    ),
+    (
+        "e",
+        "events",
+        "every event in full, scrollable (e or Esc closes)",
     ),
     ("Tab", "focus", "focus the next panel (Shift-Tab: previous)"),
     (
@@ -161,7 +176,16 @@ pub const BINDINGS: &[(&str, &str, &str)] = &[
         "memory-history window: 1m, 5m, 15m, whole run",
     ),
     ("?", "help", "this help"),
-    ("Esc", "close", "close the help or the threshold editor"),
+    (
+        "Esc",
+        "close",
+        "close the help, the event list or the editor",
+    ),
+    (
+        "^Z",
+        "suspend",
+        "suspend to the shell (fg brings the screen back)",
+    ),
 ];
 
 /// The threshold editor's keys, in the same shape: its footer and its own help line.
@@ -322,11 +346,19 @@ mod tests {
                 k => k.chars().map(KeyCode::Char).collect(),
             }
         };
+        let chord = |k: &str| match k {
+            "^Z" => Some(KeyEvent::new(KeyCode::Char('z'), KeyModifiers::CONTROL)),
+            _ => None,
+        };
         for (table, context) in [
             (BINDINGS, KeyContext::Dashboard),
             (EDITOR_BINDINGS, KeyContext::ThresholdEditor),
         ] {
             for (k, _, _) in table {
+                if let Some(chord) = chord(k) {
+                    assert!(action_for(chord, context).is_some(), "{k} unmapped");
+                    continue;
+                }
                 for code in codes(k) {
                     assert!(
                         action_for(key(code), context).is_some(),
@@ -335,6 +367,16 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn ctrl_z_suspends_everywhere_and_e_opens_the_event_list() {
+        let ctrl_z = KeyEvent::new(KeyCode::Char('z'), KeyModifiers::CONTROL);
+        for context in [KeyContext::Dashboard, KeyContext::ThresholdEditor] {
+            assert_eq!(action_for(ctrl_z, context), Some(Action::Suspend));
+        }
+        assert_eq!(dash(KeyCode::Char('z')), None);
+        assert_eq!(dash(KeyCode::Char('e')), Some(Action::ToggleEvents));
     }
 
     #[test]

@@ -13,5 +13,5 @@ pub mod terminal;
 pub mod view;
 
 pub use app::App;
-pub use event_loop::{drive, run_dashboard, DashboardExit, DashboardOptions};
-pub use terminal::{install_panic_hook, TerminalGuard};
+pub use event_loop::{drive, drive_with, run_dashboard, DashboardExit, DashboardOptions};
+pub use terminal::{install_panic_hook, NoTerminal, Suspend, TerminalGuard};

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use headroom_core::policy::{Decision, Profile, ResizeReason, Thresholds};
 use headroom_core::{Command, Level, StepMemory, Telemetry};
 
-use crate::describe::{decision_event, oom_event, pct, thresholds_event};
+use crate::describe::{decision_event, decision_level, oom_event, pct, thresholds_event};
 use crate::history::{History, Merge};
 
 /// Chart marks kept; older ones fall off the whole-run view first.
@@ -52,12 +52,17 @@ pub struct Mark {
     /// Seconds since the dashboard started, as the memory chart's x.
     pub t: f64,
     pub kind: MarkKind,
+    /// How alarming it was: a shrink forced by critical usage is drawn as the error it
+    /// is, not like a routine grow.
+    pub level: Level,
 }
 
-/// What the controller expects of the next step, from the decisions taken after `step`.
+/// What the controller expects of the next step, from its decisions numbered `step`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Outlook {
     pub step: u64,
+    /// The step it is about: it lasts until that step has reported its peak.
+    pub about: u64,
     /// A forecast above warning, when the controller raised one.
     pub forecast: Option<f64>,
     /// The size the next step runs at, when the controller changed it.
@@ -78,13 +83,16 @@ pub struct PolicyState {
     /// What the model predicted for the same steps, where it could.
     pub predicted_usage: History,
     pub marks: VecDeque<Mark>,
-    /// The latest decision and the step it followed.
+    /// The latest decision and the step it concerns.
     pub last_decision: Option<(u64, Decision)>,
     pub outlook: Option<Outlook>,
     pub ooms: u64,
     /// Micro-batch × sequence length at or above which the controller will not go.
     pub ceiling_tokens: Option<u64>,
     pub pinned: bool,
+    /// The micro-batch each step ran at, by elapsed seconds (as the memory chart's x).
+    /// Merged by minimum: a coarser view must not hide a shrink.
+    pub batch_sizes: History,
     /// The micro-batch and the step it is for. Steps arrive on the metrics channel and
     /// decisions on the events channel, so a step report can arrive after a newer resize:
     /// the step key keeps the newer one.
@@ -106,6 +114,7 @@ impl PolicyState {
             ooms: 0,
             ceiling_tokens: None,
             pinned: false,
+            batch_sizes: History::new(history_points, Merge::Min),
             micro_batch: None,
         }
     }
@@ -115,6 +124,7 @@ impl PolicyState {
         match msg {
             Telemetry::Step(s) => {
                 self.note_micro_batch(s.step, s.micro_batch);
+                self.batch_sizes.push(t, s.micro_batch as f64);
                 None
             }
             Telemetry::StepMemory(m) => {
@@ -138,8 +148,9 @@ impl PolicyState {
                 if let Some(n) = retry_with {
                     self.note_micro_batch(*step, *n);
                 }
-                self.mark(t, MarkKind::Oom);
-                Some(oom_event(*step, *micro_batch, *seq_len, *retry_with))
+                let (level, text) = oom_event(*step, *micro_batch, *seq_len, *retry_with);
+                self.mark(t, MarkKind::Oom, level);
+                Some((level, text))
             }
             Telemetry::ThresholdsChanged {
                 thresholds,
@@ -151,7 +162,7 @@ impl PolicyState {
                 self.thresholds_source = Some(source.clone());
                 // The run's starting values are not a change worth marking.
                 if source != "config" {
-                    self.mark(t, MarkKind::ThresholdsChanged);
+                    self.mark(t, MarkKind::ThresholdsChanged, Level::Info);
                 }
                 Some((Level::Info, thresholds_event(thresholds, *profile, source)))
             }
@@ -175,7 +186,7 @@ impl PolicyState {
                 .push(t, p as f64 / m.limit_bytes.max(1) as f64);
         }
         // The step the outlook was about has now run.
-        if self.outlook.is_some_and(|o| o.step < m.step) {
+        if self.outlook.is_some_and(|o| o.about <= m.step) {
             self.outlook = None;
         }
         self.last_memory = Some(m.clone());
@@ -192,27 +203,30 @@ impl PolicyState {
             } => {
                 // Only a pin resizes a pinned batch, and anything else means unpinned.
                 self.pinned = *reason == ResizeReason::Pinned;
-                self.note_micro_batch(step + 1, *to);
+                let about = applies_to(step, *reason);
+                self.note_micro_batch(about, *to);
                 let kind = if to > from {
                     MarkKind::Grew
                 } else {
                     MarkKind::Shrank
                 };
-                self.mark(t, kind);
+                self.mark(t, kind, decision_level(d));
                 let mut o = match self.outlook {
                     Some(o) if o.step == step => o,
                     _ => Outlook {
                         step,
+                        about,
                         forecast: None,
                         resized_to: None,
                         predicted: None,
                     },
                 };
+                o.about = about;
                 o.resized_to = Some(*to);
                 o.predicted = *predicted;
                 self.outlook = Some(o);
             }
-            Decision::EmptyCache { .. } => self.mark(t, MarkKind::CacheFreed),
+            Decision::EmptyCache { .. } => self.mark(t, MarkKind::CacheFreed, Level::Warn),
             Decision::CeilingLearned { tokens, .. } => self.ceiling_tokens = Some(*tokens),
             Decision::CeilingRaised { tokens } => self.ceiling_tokens = *tokens,
             Decision::Warning {
@@ -220,8 +234,10 @@ impl PolicyState {
                 forecast: true,
                 ..
             } => {
+                // Forecasts are made before the step they are about.
                 self.outlook = Some(Outlook {
                     step,
+                    about: step,
                     forecast: Some(*usage),
                     resized_to: None,
                     predicted: None,
@@ -238,11 +254,11 @@ impl PolicyState {
         }
     }
 
-    fn mark(&mut self, t: f64, kind: MarkKind) {
+    fn mark(&mut self, t: f64, kind: MarkKind, level: Level) {
         if self.marks.len() == MARKS_KEPT {
             self.marks.pop_front();
         }
-        self.marks.push_back(Mark { t, kind });
+        self.marks.push_back(Mark { t, kind, level });
     }
 
     /// The micro-batch the next step runs at, as last reported.
@@ -252,6 +268,14 @@ impl PolicyState {
 
     pub fn limit_bytes(&self) -> Option<u64> {
         self.last_memory.as_ref().map(|m| m.limit_bytes)
+    }
+
+    /// `(limit, configured)` when the trainer lowered the configured limit because other
+    /// processes hold part of it. Logs from before the field say 0: nothing lowered.
+    pub fn lowered_limit(&self) -> Option<(u64, u64)> {
+        let m = self.last_memory.as_ref()?;
+        (m.configured_limit_bytes > m.limit_bytes)
+            .then_some((m.limit_bytes, m.configured_limit_bytes))
     }
 
     /// How alarming a usage is under the thresholds in force.
@@ -264,13 +288,18 @@ impl PolicyState {
     }
 
     /// Room left under target (negative: over it) and under the limit, in bytes, at the
-    /// last step's peak.
-    pub fn headroom(&self) -> Option<(i64, u64)> {
+    /// last step's peak. `reachable` is the most the process could hold now by a fresher
+    /// measure than the trainer's limit (on the CPU: its resident set plus MemAvailable);
+    /// the room to the limit never exceeds it, since memory other processes took since
+    /// the step is not room.
+    pub fn headroom(&self, reachable: Option<u64>) -> Option<(i64, u64)> {
         let m = self.last_memory.as_ref()?;
-        let to_limit = m.limit_bytes.saturating_sub(m.peak_bytes);
+        let ceiling = reachable.map_or(m.limit_bytes, |r| r.min(m.limit_bytes));
+        let to_limit = ceiling.saturating_sub(m.peak_bytes);
         let target = self.thresholds?.target;
         let to_target = (target * m.limit_bytes as f64) as i64 - m.peak_bytes as i64;
-        Some((to_target, to_limit))
+        // Room to target past what can be reached is no room either.
+        Some((to_target.min(to_limit as i64), to_limit))
     }
 
     /// The out-of-memory risk of the next step in words, longest first (the view shows
@@ -361,6 +390,21 @@ fn outlook_risk(state: &PolicyState, o: &Outlook, warning: Option<f64>) -> (Leve
     }
 }
 
+/// The step a resize's new size is first run in, from the step the trainer numbered it
+/// with. The trainer numbers a decision by the step it concerns: a forecast is made before
+/// that step runs and an OOM's shrink during it (its retry runs at the new size), while
+/// the other resizes follow a completed step and so apply from the next one.
+pub fn applies_to(step: u64, reason: ResizeReason) -> u64 {
+    match reason {
+        ResizeReason::Forecast | ResizeReason::Oom => step,
+        ResizeReason::Grow
+        | ResizeReason::Critical
+        | ResizeReason::Emergency
+        | ResizeReason::OverTarget
+        | ResizeReason::Pinned => step + 1,
+    }
+}
+
 /// The trainer's answer to a refused command starts with `refused:` (core's contract for
 /// threshold changes).
 pub fn is_refusal(applied: &str) -> bool {
@@ -381,6 +425,7 @@ mod tests {
             peak_bytes: (usage * limit as f64) as u64,
             predicted_bytes: predicted.map(|p| (p * limit as f64) as u64),
             limit_bytes: limit,
+            configured_limit_bytes: limit,
             usage,
         })
     }
@@ -476,10 +521,11 @@ mod tests {
             },
         );
         p.apply(0.0, &memory(20, 32, 0.85, Some(0.84)));
+        // Made before step 21 runs, so numbered 21 (the step it concerns).
         p.apply(
             0.0,
             &Telemetry::Decision {
-                step: 20,
+                step: 21,
                 decision: Decision::Warning {
                     usage: 0.93,
                     forecast: true,
@@ -490,6 +536,12 @@ mod tests {
         let (level, text) = p.risk().unwrap();
         assert_eq!(level, Level::Warn);
         assert_eq!(text[0], "next step predicted 93% (warning 92%)");
+        // Step 20's figures arriving late on the other channel are not step 21's.
+        p.apply(0.0, &memory(20, 32, 0.85, Some(0.84)));
+        assert_eq!(
+            p.risk().unwrap().1[0],
+            "next step predicted 93% (warning 92%)"
+        );
         p.apply(0.0, &memory(21, 32, 0.86, Some(0.93)));
         let (_, text) = p.risk().unwrap();
         assert_eq!(
@@ -519,7 +571,7 @@ mod tests {
             p.apply(
                 0.0,
                 &Telemetry::Decision {
-                    step: 20,
+                    step: 21,
                     decision: d,
                 },
             );
@@ -547,7 +599,7 @@ mod tests {
     #[test]
     fn headroom_is_measured_from_the_last_peak() {
         let mut p = PolicyState::new(8);
-        assert_eq!(p.headroom(), None);
+        assert_eq!(p.headroom(None), None);
         p.apply(
             0.0,
             &Telemetry::ThresholdsChanged {
@@ -557,10 +609,26 @@ mod tests {
             },
         );
         p.apply(0.0, &memory(1, 8, 0.5, None));
-        let (to_target, to_limit) = p.headroom().unwrap();
+        let (to_target, to_limit) = p.headroom(None).unwrap();
         assert_eq!(to_limit, 1 << 29);
         assert_eq!(to_target, (0.4 * (1u64 << 30) as f64) as i64);
         assert!(p.marks.is_empty(), "config thresholds are not a change");
+        // Other processes took memory since: the room is what can still be reached.
+        let reachable = (1u64 << 29) + (100 << 20);
+        assert_eq!(p.headroom(Some(reachable)), Some((100 << 20, 100 << 20)));
+        assert_eq!(p.headroom(Some(1 << 20)), Some((0, 0)));
+    }
+
+    /// The micro-batch's history is kept per step, merged by its smallest size.
+    #[test]
+    fn batch_sizes_keep_every_step_and_never_hide_a_shrink() {
+        let mut p = PolicyState::new(4);
+        for (n, mb) in [(1, 8), (2, 16), (3, 4), (4, 16), (5, 16), (6, 16)] {
+            p.apply(n as f64, &step(n, mb));
+        }
+        let sizes: Vec<f64> = p.batch_sizes.points().iter().map(|p| p.1).collect();
+        assert!(sizes.contains(&4.0), "{sizes:?}");
+        assert_eq!(sizes.last(), Some(&16.0));
     }
 
     #[test]

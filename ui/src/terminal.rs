@@ -1,5 +1,7 @@
 //! Owning the terminal: raw mode and the alternate screen while a [`TerminalGuard`]
-//! lives, the user's terminal back on every exit path (return, `?`, panic).
+//! holds them, the user's terminal back on every exit path (return, `?`, panic), while
+//! the process is suspended (Ctrl-Z, SIGTSTP), and after a hang-up, when there is no
+//! terminal left to restore and nothing may fail or wait on it.
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -8,7 +10,7 @@ use std::thread::ThreadId;
 use crossterm::cursor::{Hide, Show};
 use crossterm::execute;
 use crossterm::terminal::{
-    disable_raw_mode, enable_raw_mode, EnterAlternateScreen, LeaveAlternateScreen,
+    disable_raw_mode, enable_raw_mode, Clear, ClearType, EnterAlternateScreen, LeaveAlternateScreen,
 };
 
 /// Set while the screen is ours: other threads' panic messages would garble it.
@@ -20,30 +22,101 @@ static DEFERRED: Mutex<Vec<String>> = Mutex::new(Vec::new());
 /// A panic loop on some thread must not grow this without bound.
 const MAX_DEFERRED: usize = 16;
 
+/// What the live loop needs from its terminal besides drawing on it.
+pub trait Suspend {
+    /// Hands the terminal back to the shell, stops the process until it is continued
+    /// (`fg`), then takes the terminal again. The caller redraws everything after.
+    fn suspend(&mut self) -> io::Result<()>;
+}
+
 pub struct TerminalGuard {
-    _private: (),
+    /// Raw mode (and perhaps the alternate screen) are ours and must be given back.
+    on_screen: bool,
 }
 
 impl TerminalGuard {
     pub fn enter() -> io::Result<TerminalGuard> {
         let _ = UI_THREAD.set(std::thread::current().id());
-        enable_raw_mode()?;
-        // From here on, Drop restores whatever part succeeded.
-        let guard = TerminalGuard { _private: () };
-        execute!(io::stdout(), EnterAlternateScreen, Hide)?;
-        SCREEN_ACTIVE.store(true, Ordering::SeqCst);
+        let mut guard = TerminalGuard { on_screen: false };
+        guard.take()?;
         Ok(guard)
+    }
+
+    /// Raw mode, the alternate screen, no cursor.
+    fn take(&mut self) -> io::Result<()> {
+        if self.on_screen {
+            return Ok(());
+        }
+        enable_raw_mode()?;
+        // From here on, leaving restores whatever part succeeded.
+        self.on_screen = true;
+        write_enter(&mut io::stdout())?;
+        SCREEN_ACTIVE.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Gives the terminal back: cleared, main screen, cooked mode, cursor shown. Never
+    /// fails: after a hang-up there is no terminal, and errors are the expected answer.
+    pub fn leave(&mut self) {
+        if std::mem::take(&mut self.on_screen) {
+            restore();
+        }
+    }
+
+    /// Takes the terminal again after [`TerminalGuard::leave`].
+    pub fn resume(&mut self) -> io::Result<()> {
+        self.take()
     }
 }
 
+impl Suspend for TerminalGuard {
+    fn suspend(&mut self) -> io::Result<()> {
+        self.leave();
+        stop_this_process();
+        self.resume()
+    }
+}
+
+/// For a loop drawing on no real terminal (tests, benchmarks): nothing to hand back.
+pub struct NoTerminal;
+
+impl Suspend for NoTerminal {
+    fn suspend(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Stops the process as the shell's Ctrl-Z would have, and returns once it is continued.
+/// SIGSTOP rather than SIGTSTP: the binary catches SIGTSTP to come here, and SIGSTOP can
+/// neither be caught nor ignored.
+fn stop_this_process() {
+    // SAFETY: raise only delivers a signal to this process; it touches no memory.
+    unsafe {
+        libc::raise(libc::SIGSTOP);
+    }
+}
+
+fn write_enter(out: &mut impl Write) -> io::Result<()> {
+    execute!(out, EnterAlternateScreen, Hide)
+}
+
+/// Cleared before leaving: a terminal with no alternate screen (or a multiplexer that
+/// keeps it) would otherwise leave the last frame under the shell's prompt.
+fn write_leave(out: &mut impl Write) -> io::Result<()> {
+    execute!(out, Clear(ClearType::All), LeaveAlternateScreen, Show)?;
+    out.flush()
+}
+
+/// Every step is tried and every error ignored, so a dead terminal (hang-up) costs
+/// nothing: writes to it fail at once.
 fn restore() {
     SCREEN_ACTIVE.store(false, Ordering::SeqCst);
     let _ = disable_raw_mode();
-    let mut out = io::stdout();
-    let _ = execute!(out, LeaveAlternateScreen, Show);
-    let _ = out.flush();
+    let _ = write_leave(&mut io::stdout());
+    // Not eprintln!, which panics when stderr is gone.
+    let mut err = io::stderr();
     for message in take_deferred() {
-        eprintln!("{message}");
+        let _ = writeln!(err, "{message}");
     }
 }
 
@@ -60,7 +133,7 @@ fn defer(message: String) {
 
 impl Drop for TerminalGuard {
     fn drop(&mut self) {
-        restore();
+        self.leave();
     }
 }
 
@@ -93,6 +166,20 @@ pub fn install_panic_hook() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The last frame is wiped on the alternate screen before the shell's screen returns.
+    #[test]
+    fn leaving_clears_the_screen_first_then_shows_the_cursor() {
+        let mut out: Vec<u8> = Vec::new();
+        write_leave(&mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let at = |seq: &str| {
+            text.find(seq)
+                .unwrap_or_else(|| panic!("{seq:?} in {text:?}"))
+        };
+        assert!(at("\x1b[2J") < at("\x1b[?1049l"), "{text:?}");
+        assert!(at("\x1b[?1049l") < at("\x1b[?25h"), "{text:?}");
+    }
 
     /// Other threads' panics under a live screen are held, not printed over it nor lost.
     #[test]

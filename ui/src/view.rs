@@ -1,8 +1,11 @@
 //! Drawing. Reads the [`App`] and nothing else: no I/O, no locks, no clocks.
+mod bar;
 mod editor;
+mod events;
 mod footer;
 mod gauge;
 mod text;
+mod training;
 mod usage_chart;
 
 use headroom_core::units::{fmt_bytes, fmt_duration};
@@ -11,11 +14,10 @@ use ratatui::layout::{Alignment, Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::symbols::Marker;
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Axis, Block, Chart, Clear, Dataset, Gauge, GraphType, Paragraph, Wrap};
+use ratatui::widgets::{Axis, Block, Chart, Clear, Dataset, GraphType, Paragraph, Wrap};
 use ratatui::Frame;
 
 use crate::app::{App, Focus};
-use crate::describe::{decision_headline, decision_reason};
 use crate::keys::{BINDINGS, EDITOR_BINDINGS};
 use text::{ellipsize, first_fitting, keep_most_important};
 
@@ -77,11 +79,15 @@ pub fn render(frame: &mut Frame, app: &App) {
 
     render_header(frame, app, header);
     render_memory(frame, app, memory);
-    render_batch(frame, app, batch);
+    training::render(frame, app, batch);
     render_memory_chart(frame, app, mem_chart);
     render_loss_chart(frame, app, loss_chart);
-    render_events(frame, app, events);
+    events::render_panel(frame, app, events);
     render_footer(frame, app, footer);
+    if app.show_events {
+        let [list, _] = Layout::vertical([Constraint::Min(0), Constraint::Length(1)]).areas(area);
+        events::render_full(frame, app, list);
+    }
     if let Some(ed) = &app.editor {
         editor::render(frame, app, ed, area);
     }
@@ -145,14 +151,18 @@ fn render_header(frame: &mut Frame, app: &App, area: Rect) {
         format!("● {}", app.status_text()),
         fg(app, status_color(app.status)).add_modifier(Modifier::BOLD),
     );
-    let throughput = match &app.last_step {
-        Some(s) => format!(
+    let throughput = match (&app.last_step, app.status) {
+        // The last step's pace is history once the run is paused or over, not a rate.
+        (_, RunStatus::Paused) => "paused: no steps running".into(),
+        (_, RunStatus::Finished) => "finished".into(),
+        (_, RunStatus::Failed) => "failed".into(),
+        (Some(s), _) => format!(
             "{:.1} samples/s · {:.0} tok/s · {:.1} steps/s",
             s.samples_per_s,
             s.tokens_per_s,
             1.0 / s.step_time_s.max(1e-9)
         ),
-        None => "waiting for the first step".into(),
+        (None, _) => "waiting for the first step".into(),
     };
     let params = app
         .info
@@ -193,9 +203,14 @@ fn level_color(level: Level) -> Color {
 }
 
 fn render_memory(frame: &mut Frame, app: &App, area: Rect) {
-    let title = match app.policy.limit_bytes() {
-        Some(limit) => format!(" memory · limit {} ", fmt_bytes(limit)),
-        None => " memory now ".to_string(),
+    let title = match (app.policy.lowered_limit(), app.policy.limit_bytes()) {
+        (Some((limit, configured)), _) => format!(
+            " memory · limit {} of {} ",
+            fmt_bytes(limit),
+            fmt_bytes(configured)
+        ),
+        (None, Some(limit)) => format!(" memory · limit {} ", fmt_bytes(limit)),
+        (None, None) => " memory now ".to_string(),
     };
     let block = Block::bordered().title(title);
     let inner = block.inner(area);
@@ -233,10 +248,7 @@ fn render_memory(frame: &mut Frame, app: &App, area: Rect) {
                 .collect();
             lines.push((
                 1,
-                Line::from(format!(
-                    "headroom {} free",
-                    fmt_bytes(mem.capacity.saturating_sub(mem.used))
-                )),
+                Line::from(format!("headroom {} free", fmt_bytes(free_now(app, mem)))),
             ));
             lines.extend(sample_lines(app, cols));
             lines
@@ -250,6 +262,25 @@ fn render_memory(frame: &mut Frame, app: &App, area: Rect) {
     frame.render_widget(Paragraph::new(keep_most_important(lines, rows)), text_area);
 }
 
+/// What more the process could take now. On the CPU that is what the kernel says is
+/// available, not host total minus our resident set: other processes' memory is not free.
+fn free_now(app: &App, mem: crate::app::MemoryNow) -> u64 {
+    let host = app.sample.as_ref().map(|s| &s.host);
+    match host {
+        Some(h) if !mem.on_gpu && h.mem_available > 0 => h.mem_available,
+        Some(h) if !mem.on_gpu && h.mem_used > 0 => h.mem_total.saturating_sub(h.mem_used),
+        _ => mem.capacity.saturating_sub(mem.used),
+    }
+}
+
+/// The most the process could hold right now, by the sampler's fresher figures: on the
+/// CPU its resident set plus what the kernel still has available. None when unknown (and
+/// on a GPU, where the trainer's limit already counts other processes).
+fn reachable_now(app: &App) -> Option<u64> {
+    let s = app.sample.as_ref()?;
+    (s.gpu.is_none() && s.host.mem_available > 0).then(|| s.host.process_rss + s.host.mem_available)
+}
+
 /// The last step's peak against the limit, coloured by the thresholds it crossed.
 fn render_step_gauge(frame: &mut Frame, app: &App, m: &StepMemory, area: Rect) {
     let color = level_color(app.policy.severity(m.usage));
@@ -258,18 +289,14 @@ fn render_step_gauge(frame: &mut Frame, app: &App, m: &StepMemory, area: Rect) {
     } else {
         "step peak"
     };
-    frame.render_widget(
-        Gauge::default()
-            .gauge_style(fg(app, color))
-            .ratio(m.usage.clamp(0.0, 1.0))
-            .label(format!(
-                "{what} {} / {} ({:.1}%)",
-                fmt_bytes(m.peak_bytes),
-                fmt_bytes(m.limit_bytes),
-                m.usage * 100.0
-            )),
-        area,
+    let label = format!(
+        "{what} {} / {} ({:.1}%)",
+        fmt_bytes(m.peak_bytes),
+        fmt_bytes(m.limit_bytes),
+        m.usage * 100.0
     );
+    let color = app.color.then_some(color);
+    bar::render(frame.buffer_mut(), area, m.usage, &label, color);
 }
 
 /// Before the first step's peak: the sampler's figure against all the memory there is.
@@ -285,17 +312,18 @@ fn render_sample_gauge(frame: &mut Frame, app: &App, mem: crate::app::MemoryNow,
         r if r >= 0.90 => Color::Yellow,
         _ => Color::Green,
     };
-    frame.render_widget(
-        Gauge::default()
-            .gauge_style(fg(app, color))
-            .ratio(ratio)
-            .label(format!(
-                "{what} {} / {} ({:.1}%)",
-                fmt_bytes(mem.used),
-                fmt_bytes(mem.capacity),
-                ratio * 100.0
-            )),
+    let label = format!(
+        "{what} {} / {} ({:.1}%)",
+        fmt_bytes(mem.used),
+        fmt_bytes(mem.capacity),
+        ratio * 100.0
+    );
+    bar::render(
+        frame.buffer_mut(),
         area,
+        ratio,
+        &label,
+        app.color.then_some(color),
     );
 }
 
@@ -315,7 +343,23 @@ fn memory_lines(app: &App, m: &StepMemory, cols: usize) -> Vec<(u8, Line<'static
         };
         lines.push((0, Line::styled(first_fitting(&texts, cols), style)));
     }
-    let room = match app.policy.headroom() {
+    if let Some((limit, configured)) = app.policy.lowered_limit() {
+        let (limit, configured) = (fmt_bytes(limit), fmt_bytes(configured));
+        let lowered = [
+            format!("limit {limit} available of {configured} (other processes hold the rest)"),
+            format!("limit {limit} available of {configured}: others hold the rest"),
+            format!("{limit} available of {configured}: others hold the rest"),
+            format!("{limit} available of {configured}"),
+        ];
+        lines.push((
+            1,
+            Line::styled(
+                first_fitting(&lowered, cols),
+                fg(app, Color::Yellow).add_modifier(Modifier::BOLD),
+            ),
+        ));
+    }
+    let room = match app.policy.headroom(reachable_now(app)) {
         Some((to_target, to_limit)) => {
             let target = if to_target >= 0 {
                 format!("{} to target", fmt_bytes(to_target as u64))
@@ -328,10 +372,13 @@ fn memory_lines(app: &App, m: &StepMemory, cols: usize) -> Vec<(u8, Line<'static
                 format!("{target} · {} to limit", fmt_bytes(to_limit)),
             ]
         }
-        None => vec![format!(
-            "headroom {} to the limit",
-            fmt_bytes(m.limit_bytes.saturating_sub(m.peak_bytes))
-        )],
+        None => {
+            let ceiling = reachable_now(app).map_or(m.limit_bytes, |r| r.min(m.limit_bytes));
+            vec![format!(
+                "headroom {} to the limit",
+                fmt_bytes(ceiling.saturating_sub(m.peak_bytes))
+            )]
+        }
     };
     lines.push((1, Line::from(first_fitting(&room, cols))));
     lines.extend(sample_lines(app, cols));
@@ -405,15 +452,16 @@ fn render_allocator(frame: &mut Frame, app: &App, area: Rect) {
         let lines = vec![
             Line::from("No allocator figures: this run is on the CPU."),
             Line::styled(
-                "libtorch's CPU allocator keeps no cache, so the process's resident set",
-                fg(app, Color::DarkGray),
-            ),
-            Line::styled(
-                "(host panel) is what the memory gauge and the policy watch.",
+                "Freed tensors go back to the OS, so the resident set (host panel) \
+                 follows live tensors: it is what the gauge and the policy watch. \
+                 f returns what the heap still holds.",
                 fg(app, Color::DarkGray),
             ),
         ];
-        frame.render_widget(Paragraph::new(lines).block(block), area);
+        frame.render_widget(
+            Paragraph::new(lines).wrap(Wrap { trim: true }).block(block),
+            area,
+        );
         return;
     };
     let row = |name: &str, now: u64, peak: u64| {
@@ -584,6 +632,15 @@ fn render_host(frame: &mut Frame, app: &App, area: Rect) {
         )),
         Line::from(format!("process RSS {}", fmt_bytes(h.process_rss))),
     ];
+    if h.mem_available > 0 {
+        lines.insert(
+            2,
+            Line::from(format!(
+                "available {} (what others leave)",
+                fmt_bytes(h.mem_available)
+            )),
+        );
+    }
     if let Some(g) = &s.gpu {
         let opt = |v: Option<String>| v.unwrap_or_else(|| "--".into());
         lines.push(Line::from(""));
@@ -596,104 +653,6 @@ fn render_host(frame: &mut Frame, app: &App, area: Rect) {
         )));
     }
     frame.render_widget(Paragraph::new(lines).block(block), area);
-}
-
-fn render_batch(frame: &mut Frame, app: &App, area: Rect) {
-    let block = Block::bordered().title(" training ");
-    let inner = block.inner(area);
-    frame.render_widget(block, area);
-    let cols = inner.width as usize;
-    let policy = &app.policy;
-    let mut lines: Vec<(u8, Line)> = Vec::new();
-    let pinned = policy.pinned.then(|| {
-        Span::styled(
-            " · pinned",
-            fg(app, Color::Yellow).add_modifier(Modifier::BOLD),
-        )
-    });
-    match &app.last_step {
-        None => lines.push((0, Line::from("no step yet"))),
-        Some(s) => lines.push((
-            0,
-            Line::from(
-                [Span::raw(format!(
-                    "micro {} × accum {} = {}",
-                    s.micro_batch, s.accum_steps, s.effective_batch
-                ))]
-                .into_iter()
-                .chain(pinned)
-                .collect::<Vec<_>>(),
-            ),
-        )),
-    }
-    match &policy.last_decision {
-        Some((step, d)) => {
-            let head = decision_headline(*step, d);
-            lines.push((1, Line::from(ellipsize(&head, cols))));
-            let why = decision_reason(d, policy.thresholds.as_ref());
-            lines.push((
-                1,
-                Line::styled(
-                    ellipsize(&format!("  {why}"), cols),
-                    fg(app, Color::DarkGray),
-                ),
-            ));
-        }
-        None if app.last_step.is_some() => lines.push((
-            2,
-            Line::styled("controller: no decision yet", fg(app, Color::DarkGray)),
-        )),
-        None => {}
-    }
-    if let Some(s) = &app.last_step {
-        let val = app
-            .last_eval
-            .as_ref()
-            .map(|e| format!("{:.4}", e.val_loss))
-            .unwrap_or_else(|| "--".into());
-        let loss = [
-            format!(
-                "loss {:.4} · val {val} · grad norm {:.2}",
-                s.loss, s.grad_norm
-            ),
-            format!("loss {:.4} · val {val} · gn {:.2}", s.loss, s.grad_norm),
-            format!("loss {:.4} · val {val}", s.loss),
-        ];
-        lines.push((2, Line::from(first_fitting(&loss, cols))));
-        lines.push((
-            3,
-            Line::from(ellipsize(
-                &format!(
-                    "seq {} · lr {:.2e} · step {:.0} ms",
-                    s.seq_len,
-                    s.lr,
-                    s.step_time_s * 1e3
-                ),
-                cols,
-            )),
-        ));
-    }
-    if policy.ooms > 0 || policy.ceiling_tokens.is_some() {
-        let ceiling = policy
-            .ceiling_tokens
-            .map(|t| format!(" · ceiling {t} tokens"))
-            .unwrap_or_default();
-        let style = if policy.ooms > 0 {
-            fg(app, Color::Red)
-        } else {
-            Style::default()
-        };
-        let ooms = [
-            format!("OOMs caught {}{ceiling}", policy.ooms),
-            format!("OOMs {}{ceiling}", policy.ooms),
-        ];
-        lines.push((2, Line::styled(first_fitting(&ooms, cols), style)));
-    }
-    if let Some(s) = &app.last_step {
-        lines.push((4, Line::from(format!("tokens seen {}", s.tokens_seen))));
-    }
-    let rows = inner.height as usize;
-    frame.render_widget(Paragraph::new(keep_most_important(lines, rows)), inner);
 }
 
 fn bounds(points: &[(f64, f64)]) -> Option<([f64; 2], [f64; 2])> {
@@ -800,46 +759,21 @@ fn render_loss_chart(frame: &mut Frame, app: &App, area: Rect) {
     frame.render_widget(chart, area);
 }
 
-fn render_events(frame: &mut Frame, app: &App, area: Rect) {
-    let title = match app.event_scroll {
-        0 => " events (newest first) ".to_string(),
-        n => format!(" events ({n} newer above, Home: newest) "),
-    };
-    let block = panel(app, Focus::Events, title);
-    let rows = area.height.saturating_sub(2) as usize;
-    // Borders and the time column; a long entry ends in an ellipsis, not mid-word.
-    let text_cols = (area.width as usize).saturating_sub(2 + 7);
-    let lines: Vec<Line> = app
-        .events
-        .iter()
-        .skip(app.event_scroll)
-        .take(rows)
-        .map(|e| {
-            let color = match e.level {
-                Level::Info => Color::Reset,
-                Level::Warn => Color::Yellow,
-                Level::Error => Color::Red,
-            };
-            Line::from(vec![
-                Span::styled(
-                    format!("{:>6} ", fmt_duration(e.t)),
-                    fg(app, Color::DarkGray),
-                ),
-                Span::styled(ellipsize(&e.text, text_cols), fg(app, color)),
-            ])
-        })
-        .collect();
-    frame.render_widget(Paragraph::new(lines).block(block), area);
-}
-
 fn render_footer(frame: &mut Frame, app: &App, area: Rect) {
     let dropped = (app.dropped > 0).then(|| format!("dropped samples {}", app.dropped));
     let reserved = dropped.as_ref().map_or(0, |d| d.chars().count() + 1);
     let room = (area.width as usize).saturating_sub(reserved);
-    // The keys that work now: the editor is modal.
+    // The keys that work now, named for what they do now: the editor is modal, and a
+    // paused, stopping or ended run takes other keys than a running one.
     let keys = match app.editor {
-        Some(_) => footer::shown(EDITOR_BINDINGS, &footer::EDITOR_SHED_ORDER, room),
-        None => footer::shown(BINDINGS, &footer::SHED_ORDER, room),
+        Some(_) => {
+            let all: Vec<_> = EDITOR_BINDINGS.iter().map(|(k, s, _)| (*k, *s)).collect();
+            footer::shown(&all, &footer::EDITOR_SHED_ORDER, room)
+        }
+        None if app.show_events => {
+            footer::shown(&footer::live(app), &footer::EVENTS_SHED_ORDER, room)
+        }
+        None => footer::shown(&footer::live(app), &footer::SHED_ORDER, room),
     };
     let mut spans = Vec::new();
     for (key, short) in keys {

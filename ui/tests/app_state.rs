@@ -121,6 +121,7 @@ fn finished_ends_the_run_and_quit_then_just_leaves() {
         tokens_seen: 0,
         elapsed_s: 1.0,
         checkpoint: None,
+        memory: Default::default(),
     }));
     assert!(app.is_over());
     assert_eq!(app.status_text(), "finished");
@@ -162,12 +163,10 @@ fn help_opens_and_closes_with_question_mark_or_esc() {
     assert!(!app.stop_requested);
 }
 
-/// What the trainer sends around an out-of-memory error, in its order.
+/// What the trainer sends around an out-of-memory error, in its order. Every decision
+/// taken during the failed step is numbered with that step.
 fn oom_sequence(step: u64) -> Vec<Telemetry> {
-    let d = |decision| Telemetry::Decision {
-        step: step - 1,
-        decision,
-    };
+    let d = |decision| Telemetry::Decision { step, decision };
     vec![
         Telemetry::Oom {
             step,
@@ -205,12 +204,14 @@ fn an_oom_is_logged_counted_marked_and_explained() {
         log,
         vec![
             "step 41: out of memory at micro-batch 32 × 128 tokens, retrying with 16",
-            "step 40: cached memory freed after out of memory",
-            "step 40: ceiling learned: under 4096 tokens (micro-batch 32 ran out)",
-            "step 40: shrink 32 → 16 after out of memory (predicted 62%)",
+            "step 41: cached memory freed after out of memory",
+            "step 41: ceiling learned: under 4096 tokens (micro-batch 32 ran out)",
+            "step 41: shrink 32 → 16 after out of memory (predicted 62%)",
         ]
     );
-    assert_eq!(app.events[3].level, Level::Warn, "the OOM itself");
+    // Danger in the error colour: the OOM and the shrink it forced.
+    assert_eq!(app.events[3].level, Level::Error, "the OOM itself");
+    assert_eq!(app.events[0].level, Level::Error, "the shrink it forced");
     let p = &app.policy;
     assert_eq!(p.ooms, 1);
     assert_eq!(p.ceiling_tokens, Some(4096));
@@ -224,7 +225,7 @@ fn an_oom_is_logged_counted_marked_and_explained() {
     assert!(matches!(
         p.last_decision,
         Some((
-            40,
+            41,
             Decision::Resize {
                 reason: ResizeReason::Oom,
                 ..
@@ -251,6 +252,7 @@ fn step_memory_feeds_the_gauge_and_both_usage_histories() {
             // No prediction until the model has two sizes.
             predicted_bytes: (n > 2).then_some(limit / 4),
             limit_bytes: limit,
+            configured_limit_bytes: limit,
             usage: 0.5,
         }));
     }
@@ -289,4 +291,160 @@ fn thresholds_in_force_are_the_confirmed_ones_with_their_source() {
     assert_eq!(app.policy.profile, Some(Profile::Balanced));
     assert_eq!(app.events[0].level, Level::Warn);
     assert!(app.policy.marks.is_empty());
+}
+
+fn texts(app: &App) -> Vec<&str> {
+    app.events.iter().map(|e| e.text.as_str()).collect()
+}
+
+/// A command the trainer confirms right after reporting its effect is one happening: one
+/// line, not a `status: paused` beside a `paused after step 8`.
+#[test]
+fn a_command_and_its_effect_make_one_line() {
+    use headroom_core::policy::Decision;
+    let mut app = App::new("t", false);
+    app.set_elapsed(1.0);
+    app.apply(&Telemetry::Status {
+        status: RunStatus::Paused,
+    });
+    app.apply(&Telemetry::CommandApplied {
+        command: Command::Pause,
+        applied: "paused after step 8".into(),
+    });
+    assert_eq!(texts(&app), vec!["paused after step 8"]);
+
+    app.set_elapsed(2.0);
+    app.apply(&Telemetry::ThresholdsChanged {
+        thresholds: Profile::Conservative.thresholds(),
+        profile: Some(Profile::Conservative),
+        source: "command".into(),
+    });
+    app.apply(&Telemetry::CommandApplied {
+        command: Command::SetProfile {
+            profile: Profile::Conservative,
+        },
+        applied: "profile conservative: thresholds 0.85,0.88,0.92,0.95".into(),
+    });
+    assert_eq!(
+        texts(&app)[0],
+        "thresholds 0.85,0.88,0.92,0.95 (conservative) in force, from command"
+    );
+    assert_eq!(app.events.len(), 2);
+
+    app.set_elapsed(3.0);
+    app.apply(&Telemetry::Decision {
+        step: 9,
+        decision: Decision::Resize {
+            from: 16,
+            to: 8,
+            reason: ResizeReason::Pinned,
+            usage: 0.5,
+            predicted: Some(0.4),
+        },
+    });
+    app.apply(&Telemetry::CommandApplied {
+        command: Command::PinMicroBatch { micro_batch: 8 },
+        applied: "micro-batch pinned at 8, 4 accumulation steps".into(),
+    });
+    assert_eq!(
+        texts(&app)[0],
+        "step 9: micro-batch pinned at 8, 4 accumulation steps (was 16, predicted 40%)"
+    );
+    assert_eq!(app.events.len(), 3);
+
+    app.set_elapsed(4.0);
+    app.apply(&Telemetry::Decision {
+        step: 9,
+        decision: Decision::EmptyCache { usage: 0.5 },
+    });
+    app.apply(&Telemetry::CommandApplied {
+        command: Command::FreeCache,
+        applied: "cached memory freed: RSS 1.20 GiB → 800 MiB".into(),
+    });
+    assert_eq!(
+        texts(&app)[0],
+        "step 9: cached memory freed: RSS 1.20 GiB → 800 MiB"
+    );
+    assert_eq!(app.events.len(), 4);
+
+    // A confirmation in a later frame, or a second one, is its own line.
+    app.set_elapsed(5.0);
+    app.apply(&Telemetry::CommandApplied {
+        command: Command::FreeCache,
+        applied: "cached memory freed: RSS 800 MiB → 800 MiB".into(),
+    });
+    assert_eq!(app.events.len(), 5);
+}
+
+/// The controller's warning names its step; the log line says it once.
+#[test]
+fn a_warning_naming_its_step_is_logged_with_one_prefix() {
+    use headroom_core::policy::Decision;
+    let mut app = App::new("t", false);
+    app.apply(&Telemetry::Decision {
+        step: 58,
+        decision: Decision::Warning {
+            usage: 0.96,
+            forecast: false,
+            text: "step 58: usage stayed at 96%".into(),
+        },
+    });
+    assert_eq!(texts(&app), vec!["step 58: usage stayed at 96%"]);
+}
+
+/// A stopping run takes no more commands: its keys do nothing (and the footer does not
+/// offer them), but a second q still quits.
+#[test]
+fn a_stopping_run_takes_no_commands() {
+    let mut app = App::new("t", false);
+    app.apply(&step(3, 8, 1));
+    app.apply(&Telemetry::Status {
+        status: RunStatus::Running,
+    });
+    assert_eq!(app.handle(Action::Quit), Reaction::Send(Command::Stop));
+    for action in [
+        Action::Checkpoint,
+        Action::TogglePause,
+        Action::FreeCache,
+        Action::TogglePin,
+        Action::DoubleBatch,
+        Action::CycleProfile,
+        Action::EditThresholds,
+    ] {
+        assert_eq!(app.handle(action), Reaction::Nothing, "{action:?}");
+    }
+    assert!(app.editor.is_none());
+    assert_eq!(app.handle(Action::Quit), Reaction::Exit);
+}
+
+/// One numbering: an OOM in step 6 and the decisions it forced all read "step 6", in the
+/// log and on the training panel's headline.
+#[test]
+fn an_oom_and_its_decisions_share_the_steps_number() {
+    let mut app = App::new("t", false);
+    for msg in oom_sequence(6) {
+        app.apply(&msg);
+    }
+    assert!(
+        texts(&app).iter().all(|t| t.starts_with("step 6: ")),
+        "{:?}",
+        texts(&app)
+    );
+    let (step, d) = app.policy.last_decision.clone().unwrap();
+    assert_eq!(
+        headroom_ui::describe::decision_headline(step, &d),
+        "step 6: 32 → 16 (oom)"
+    );
+}
+
+/// While paused there is no pace: the ETA is not extrapolated from the last step.
+#[test]
+fn a_paused_run_has_no_eta() {
+    let mut app = App::new("t", false);
+    app.apply(&step(10, 16, 2));
+    assert_eq!(app.progress_line(), "step 10/100 (10%)  ETA 45s");
+    app.apply(&Telemetry::Status {
+        status: RunStatus::Paused,
+    });
+    assert_eq!(app.progress_line(), "step 10/100 (10%)  ETA --");
 }

@@ -1,65 +1,183 @@
-//! The live loop (`drive`) on a TestBackend with scripted keys and telemetry: what ends
-//! it, what it sends to the trainer, and what it says when it cannot send.
+//! The live loop (`drive`) on a recording backend with scripted keys and telemetry: what
+//! ends it, what it sends to the trainer, what it says when it cannot send, and how it
+//! behaves when the terminal is suspended, hung up or broken.
 //!
 //! Ordering is made deterministic by waiting on what the loop does (a command arriving,
 //! a channel drained, a key taken from a rendezvous channel), never by sleeping.
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 use crossterm::event::{Event, KeyCode, KeyEvent, KeyModifiers};
 use headroom_core::policy::{Profile, Thresholds};
 use headroom_core::{Command, RunStatus, RunSummary, StepMetrics, Telemetry};
-use headroom_ui::{drive, DashboardExit, DashboardOptions};
-use ratatui::backend::TestBackend;
+use headroom_ui::{drive_with, DashboardExit, DashboardOptions, Suspend};
+use ratatui::backend::{Backend, ClearType, TestBackend, WindowSize};
+use ratatui::buffer::Cell;
+use ratatui::layout::{Position, Size};
 use ratatui::Terminal;
 
 const WAIT: Duration = Duration::from_secs(5);
+
+/// What the loop did to its terminal, shared with the test.
+#[derive(Clone, Default)]
+struct Probe {
+    draws: Arc<AtomicUsize>,
+    clears: Arc<AtomicUsize>,
+    suspends: Arc<AtomicUsize>,
+    /// Every draw fails as on a dead tty.
+    fail_draws: Arc<AtomicBool>,
+    /// The hang-up flag, raised during this draw (1-based), as if SIGHUP came mid-frame.
+    hangup_during_draw: Option<(usize, Arc<AtomicBool>)>,
+}
+
+/// A TestBackend that counts what is done to it and can fail like a terminal that went
+/// away.
+struct ProbeBackend {
+    inner: TestBackend,
+    probe: Probe,
+}
+
+impl Backend for ProbeBackend {
+    type Error = io::Error;
+
+    fn draw<'a, I>(&mut self, content: I) -> io::Result<()>
+    where
+        I: Iterator<Item = (u16, u16, &'a Cell)>,
+    {
+        if self.probe.fail_draws.load(Ordering::SeqCst) {
+            return Err(io::Error::from_raw_os_error(5)); // EIO
+        }
+        let n = self.probe.draws.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Some((at, flag)) = &self.probe.hangup_during_draw {
+            if n == *at {
+                flag.store(true, Ordering::SeqCst);
+            }
+        }
+        let Ok(()) = self.inner.draw(content);
+        Ok(())
+    }
+    fn hide_cursor(&mut self) -> io::Result<()> {
+        let Ok(()) = self.inner.hide_cursor();
+        Ok(())
+    }
+    fn show_cursor(&mut self) -> io::Result<()> {
+        let Ok(()) = self.inner.show_cursor();
+        Ok(())
+    }
+    fn get_cursor_position(&mut self) -> io::Result<Position> {
+        let Ok(p) = self.inner.get_cursor_position();
+        Ok(p)
+    }
+    fn set_cursor_position<P: Into<Position>>(&mut self, position: P) -> io::Result<()> {
+        let Ok(()) = self.inner.set_cursor_position(position);
+        Ok(())
+    }
+    fn clear(&mut self) -> io::Result<()> {
+        self.probe.clears.fetch_add(1, Ordering::SeqCst);
+        let Ok(()) = self.inner.clear();
+        Ok(())
+    }
+    fn clear_region(&mut self, clear_type: ClearType) -> io::Result<()> {
+        if clear_type == ClearType::All {
+            self.probe.clears.fetch_add(1, Ordering::SeqCst);
+        }
+        let Ok(()) = self.inner.clear_region(clear_type);
+        Ok(())
+    }
+    fn size(&self) -> io::Result<Size> {
+        let Ok(s) = self.inner.size();
+        Ok(s)
+    }
+    fn window_size(&mut self) -> io::Result<WindowSize> {
+        let Ok(s) = self.inner.window_size();
+        Ok(s)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        let Ok(()) = self.inner.flush();
+        Ok(())
+    }
+}
+
+/// Counts suspensions instead of stopping the test process.
+struct CountingHost(Arc<AtomicUsize>);
+
+impl Suspend for CountingHost {
+    fn suspend(&mut self) -> io::Result<()> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct Setup {
+    command_room: usize,
+    queued: Vec<Command>,
+    close_on_finish: bool,
+    probe: Probe,
+}
 
 struct Harness {
     keys: Sender<io::Result<Event>>,
     events: Sender<Telemetry>,
     metrics: Sender<Telemetry>,
     commands: Receiver<Command>,
-    signalled: Arc<AtomicBool>,
-    running: JoinHandle<(io::Result<DashboardExit>, Terminal<TestBackend>)>,
+    opts: DashboardOptions,
+    probe: Probe,
+    running: JoinHandle<(io::Result<DashboardExit>, Terminal<ProbeBackend>)>,
 }
 
 impl Harness {
     /// Starts the loop with a command queue of `command_room`, pre-filled with `queued`.
     fn start(command_room: usize, queued: &[Command]) -> Harness {
+        Harness::with(Setup {
+            command_room,
+            queued: queued.to_vec(),
+            ..Setup::default()
+        })
+    }
+
+    fn with(setup: Setup) -> Harness {
         // Zero capacity: a press returns once the loop has taken the key, and the loop
         // handles a key completely before it takes the next one.
         let (keys, key_rx) = bounded(0);
         let (events, event_rx) = bounded(16);
         let (metrics, metric_rx) = bounded(16);
-        let (cmd_tx, commands) = bounded(command_room);
-        for c in queued {
+        let (cmd_tx, commands) = bounded(setup.command_room.max(1));
+        for c in &setup.queued {
             cmd_tx
                 .try_send(c.clone())
                 .expect("room for the pre-filled commands");
         }
-        let opts = DashboardOptions {
-            run_name: "test".into(),
-            color: false,
-            frame_interval: Duration::from_millis(10),
-            signalled: Arc::new(AtomicBool::new(false)),
-        };
-        let signalled = Arc::clone(&opts.signalled);
+        let mut opts = DashboardOptions::from_env("test");
+        opts.color = false;
+        opts.frame_interval = Duration::from_millis(10);
+        opts.close_on_finish = setup.close_on_finish;
+        let mut probe = setup.probe;
+        if let Some((_, flag)) = &mut probe.hangup_during_draw {
+            opts.hangup = Arc::clone(flag);
+        }
+        let (loop_opts, loop_probe) = (opts.clone(), probe.clone());
         let running = std::thread::spawn(move || {
-            let mut terminal = Terminal::new(TestBackend::new(100, 30)).expect("test backend");
+            let backend = ProbeBackend {
+                inner: TestBackend::new(100, 30),
+                probe: loop_probe.clone(),
+            };
+            let mut terminal = Terminal::new(backend).expect("test backend");
             let dropped = AtomicU64::new(0);
-            let exit = drive(
+            let mut host = CountingHost(Arc::clone(&loop_probe.suspends));
+            let exit = drive_with(
                 &mut terminal,
                 &event_rx,
                 metric_rx,
                 &cmd_tx,
                 &dropped,
                 &key_rx,
-                &opts,
+                &loop_opts,
+                &mut host,
             );
             (exit, terminal)
         });
@@ -68,7 +186,8 @@ impl Harness {
             events,
             metrics,
             commands,
-            signalled,
+            opts,
+            probe,
             running,
         }
     }
@@ -78,7 +197,10 @@ impl Harness {
     }
 
     fn press_code(&self, code: KeyCode) {
-        let key = KeyEvent::new(code, KeyModifiers::NONE);
+        self.press_key(KeyEvent::new(code, KeyModifiers::NONE));
+    }
+
+    fn press_key(&self, key: KeyEvent) {
         self.keys.send(Ok(Event::Key(key))).expect("loop alive");
     }
 
@@ -86,17 +208,18 @@ impl Harness {
     /// is handled after it.
     fn event(&self, msg: Telemetry) {
         self.events.send(msg).expect("loop alive");
-        let deadline = std::time::Instant::now() + WAIT;
-        while !self.events.is_empty() {
-            assert!(std::time::Instant::now() < deadline, "loop never took it");
-            std::thread::yield_now();
-        }
+        wait_for("the loop to take the event", || self.events.is_empty());
     }
 
     fn next_command(&self) -> Command {
         self.commands
             .recv_timeout(WAIT)
             .expect("the loop should have sent a command")
+    }
+
+    /// Waits for the loop to return by itself, channels still open.
+    fn ends_by_itself(&self, why: &str) {
+        wait_for(why, || self.running.is_finished());
     }
 
     fn end(self) -> (DashboardExit, String) {
@@ -110,8 +233,16 @@ impl Harness {
         drop(events);
         let (exit, terminal) = running.join().expect("loop thread");
         drop(keys);
-        let screen = format!("{}", terminal.backend());
+        let screen = format!("{}", terminal.backend().inner);
         (exit.expect("loop ok"), screen)
+    }
+}
+
+fn wait_for(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -125,6 +256,7 @@ fn summary() -> RunSummary {
         tokens_seen: 1000,
         elapsed_s: 3.0,
         checkpoint: None,
+        memory: Default::default(),
     }
 }
 
@@ -139,13 +271,225 @@ fn quit_sends_stop_and_a_second_quit_leaves_without_waiting() {
     assert!(exit.summary.is_none());
 }
 
+/// A completed run's final charts are worth reading: the screen stays, saying so, until
+/// `q`, as a failed run's does.
 #[test]
-fn finished_ends_the_loop_with_the_summary() {
+fn finished_keeps_the_screen_until_q_and_ends_with_the_summary() {
     let h = Harness::start(8, &[]);
+    h.event(Telemetry::Finished(summary()));
+    let Harness {
+        keys,
+        events,
+        running,
+        ..
+    } = h;
+    drop(events); // the trainer thread ends after its last word
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!running.is_finished(), "the screen closed by itself");
+    keys.send(Ok(Event::Key(KeyEvent::new(
+        KeyCode::Char('q'),
+        KeyModifiers::NONE,
+    ))))
+    .unwrap();
+    let (exit, terminal) = running.join().expect("loop thread");
+    let exit = exit.expect("loop ok");
+    assert_eq!(exit.summary, Some(summary()));
+    assert!(!exit.force_quit && exit.failure.is_none());
+    let screen = format!("{}", terminal.backend().inner);
+    assert!(
+        screen.contains("the run finished: q closes the screen"),
+        "{screen}"
+    );
+    assert!(screen.contains(" q  close"), "{screen}");
+}
+
+/// `q` asked to leave: once the stop it sent lands, the screen closes by itself (the
+/// checkpoint written, the summary printed after), with no second key.
+#[test]
+fn a_stop_asked_with_q_closes_the_screen_once_the_run_stopped() {
+    let h = Harness::start(8, &[]);
+    h.keys
+        .send(Ok(Event::Key(KeyEvent::new(
+            KeyCode::Char('q'),
+            KeyModifiers::NONE,
+        ))))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    h.events
+        .send(Telemetry::Finished(RunSummary {
+            stopped_by_user: true,
+            ..summary()
+        }))
+        .unwrap();
+    h.ends_by_itself("the loop to close after the stop q asked for");
+    let (exit, _) = h.end();
+    assert!(exit.summary.is_some_and(|s| s.stopped_by_user));
+    assert!(!exit.force_quit);
+}
+
+#[test]
+fn close_on_finish_ends_the_loop_at_once() {
+    let h = Harness::with(Setup {
+        close_on_finish: true,
+        ..Setup::default()
+    });
     h.events.send(Telemetry::Finished(summary())).unwrap();
+    h.ends_by_itself("the loop to close on finish");
     let (exit, _) = h.end();
     assert_eq!(exit.summary, Some(summary()));
     assert!(!exit.force_quit && exit.failure.is_none());
+}
+
+#[test]
+fn a_signal_closes_a_finished_screen() {
+    let h = Harness::start(8, &[]);
+    h.event(Telemetry::Finished(summary()));
+    h.opts.signalled.store(true, Ordering::SeqCst);
+    h.ends_by_itself("the signal to close the finished screen");
+    let (exit, _) = h.end();
+    assert_eq!(exit.summary, Some(summary()));
+}
+
+/// SIGHUP: the terminal is gone. The loop returns within a frame and never draws again,
+/// even with fresh telemetry making the screen dirty.
+#[test]
+fn a_hang_up_ends_the_loop_without_drawing_again() {
+    let flag = Arc::new(AtomicBool::new(false));
+    let h = Harness::with(Setup {
+        probe: Probe {
+            hangup_during_draw: Some((2, Arc::clone(&flag))),
+            ..Probe::default()
+        },
+        ..Setup::default()
+    });
+    // The first frame, then a status change: its frame is the second draw, during which
+    // the hang-up arrives.
+    wait_for("the first frame", || {
+        h.probe.draws.load(Ordering::SeqCst) >= 1
+    });
+    h.events
+        .send(Telemetry::Status {
+            status: RunStatus::Running,
+        })
+        .unwrap();
+    h.ends_by_itself("the loop to notice the hang-up");
+    let _ = h.events.try_send(Telemetry::Status {
+        status: RunStatus::Paused,
+    });
+    let draws = Arc::clone(&h.probe.draws);
+    let (exit, _) = h.end();
+    assert!(exit.hangup, "{exit:?}");
+    assert!(exit.screen_lost.is_none() && !exit.force_quit, "{exit:?}");
+    assert_eq!(draws.load(Ordering::SeqCst), 2, "drew after the hang-up");
+}
+
+/// A tty that died without a signal answers EIO: the loop reports the screen lost and
+/// returns Ok, so the run can go on without it.
+#[test]
+fn a_draw_error_loses_the_screen_not_the_run() {
+    let probe = Probe::default();
+    probe.fail_draws.store(true, Ordering::SeqCst);
+    let h = Harness::with(Setup {
+        probe,
+        ..Setup::default()
+    });
+    h.ends_by_itself("the loop to give up its screen");
+    let (exit, _) = h.end();
+    let why = exit.screen_lost.expect("the screen is reported lost");
+    assert!(why.contains("drawing failed"), "{why}");
+    assert!(!exit.hangup && exit.summary.is_none());
+}
+
+#[test]
+fn an_input_error_loses_the_screen_not_the_run() {
+    let h = Harness::start(8, &[]);
+    h.keys.send(Err(io::Error::from_raw_os_error(5))).unwrap();
+    h.ends_by_itself("the loop to give up its screen");
+    let (exit, _) = h.end();
+    let why = exit.screen_lost.expect("the screen is reported lost");
+    assert!(why.contains("reading the terminal failed"), "{why}");
+}
+
+/// Ctrl-Z in raw mode is a key: the loop hands the terminal to its host to suspend,
+/// then redraws the whole screen when it comes back.
+#[test]
+fn ctrl_z_suspends_through_the_terminal_and_redraws_everything() {
+    let h = Harness::start(8, &[]);
+    wait_for("the first frame", || {
+        h.probe.draws.load(Ordering::SeqCst) >= 1
+    });
+    assert_eq!(h.probe.clears.load(Ordering::SeqCst), 0);
+    h.press_key(KeyEvent::new(KeyCode::Char('z'), KeyModifiers::CONTROL));
+    // Taken by then: the next key is only taken after Ctrl-Z was handled.
+    h.press('w');
+    assert_eq!(h.probe.suspends.load(Ordering::SeqCst), 1);
+    assert_eq!(h.probe.clears.load(Ordering::SeqCst), 1, "no full redraw");
+    assert!(h.commands.is_empty(), "suspending sends nothing");
+    let (exit, _) = h.end();
+    assert!(!exit.force_quit && exit.screen_lost.is_none());
+}
+
+/// SIGTSTP from outside (`kill -TSTP`) reaches the loop as a flag: the same suspension,
+/// once per signal.
+#[test]
+fn an_external_stop_signal_suspends_the_same_way() {
+    let h = Harness::start(8, &[]);
+    h.opts.suspend.store(true, Ordering::SeqCst);
+    wait_for("the suspension", || {
+        h.probe.suspends.load(Ordering::SeqCst) == 1
+    });
+    wait_for("the flag to be taken", || {
+        !h.opts.suspend.load(Ordering::SeqCst)
+    });
+    wait_for("the full redraw", || {
+        h.probe.clears.load(Ordering::SeqCst) == 1
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        h.probe.suspends.load(Ordering::SeqCst),
+        1,
+        "once per signal"
+    );
+    h.end();
+}
+
+/// While paused, the screen shows no stale rate and offers resume, not pause.
+#[test]
+fn a_paused_run_offers_resume_and_shows_no_stale_rate() {
+    let h = Harness::start(8, &[]);
+    h.event(Telemetry::Status {
+        status: RunStatus::Running,
+    });
+    h.metrics.send(step_report(1, 12)).unwrap();
+    wait_for("the step to be taken", || h.metrics.is_empty());
+    h.event(Telemetry::Status {
+        status: RunStatus::Paused,
+    });
+    // A key is handled, and drawn, after the event before it.
+    h.press('w');
+    let (_, screen) = h.end();
+    assert!(screen.contains(" p  resume"), "{screen}");
+    assert!(!screen.contains(" p  pause"), "{screen}");
+    assert!(!screen.contains("samples/s"), "{screen}");
+    assert!(screen.contains("paused: no steps running"), "{screen}");
+}
+
+fn step_report(step: u64, micro_batch: usize) -> Telemetry {
+    Telemetry::Step(StepMetrics {
+        step,
+        total_steps: 10,
+        loss: 1.0,
+        lr: 1e-3,
+        grad_norm: 1.0,
+        step_time_s: 0.1,
+        tokens_per_s: 1.0,
+        samples_per_s: 1.0,
+        micro_batch,
+        accum_steps: 1,
+        effective_batch: micro_batch,
+        seq_len: 64,
+        tokens_seen: 0,
+    })
 }
 
 /// A failure keeps the screen, with its reason, after the trainer is gone: `q` closes it.
@@ -173,7 +517,7 @@ fn failed_holds_the_screen_until_q_and_ends_with_the_reason() {
     let exit = exit.expect("loop ok");
     assert_eq!(exit.failure.as_deref(), Some("trainer panicked: boom"));
     assert!(exit.summary.is_none() && !exit.force_quit);
-    let screen = format!("{}", terminal.backend());
+    let screen = format!("{}", terminal.backend().inner);
     assert!(
         screen.contains("failed: trainer panicked: boom"),
         "{screen}"
@@ -185,7 +529,7 @@ fn failed_holds_the_screen_until_q_and_ends_with_the_reason() {
 #[test]
 fn a_signal_closes_a_failed_screen() {
     let h = Harness::start(8, &[]);
-    h.signalled.store(true, Ordering::SeqCst);
+    h.opts.signalled.store(true, Ordering::SeqCst);
     std::thread::sleep(Duration::from_millis(100));
     assert!(
         !h.running.is_finished(),
@@ -283,28 +627,8 @@ fn batch_keys_pin_around_the_reported_micro_batch() {
         status: RunStatus::Running,
     });
     // Steps travel on the metrics channel; the loop applies them as they come.
-    h.metrics
-        .send(Telemetry::Step(StepMetrics {
-            step: 1,
-            total_steps: 10,
-            loss: 1.0,
-            lr: 1e-3,
-            grad_norm: 1.0,
-            step_time_s: 0.1,
-            tokens_per_s: 1.0,
-            samples_per_s: 1.0,
-            micro_batch: 12,
-            accum_steps: 1,
-            effective_batch: 12,
-            seq_len: 64,
-            tokens_seen: 0,
-        }))
-        .unwrap();
-    let deadline = std::time::Instant::now() + WAIT;
-    while !h.metrics.is_empty() {
-        assert!(std::time::Instant::now() < deadline, "loop never took it");
-        std::thread::yield_now();
-    }
+    h.metrics.send(step_report(1, 12)).unwrap();
+    wait_for("the step to be taken", || h.metrics.is_empty());
     h.press('+');
     assert_eq!(h.next_command(), Command::PinMicroBatch { micro_batch: 24 });
     h.press('-');

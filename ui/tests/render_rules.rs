@@ -53,6 +53,7 @@ fn busy_app(color: bool) -> App {
                 cpu_percent: 50.0,
                 mem_used: 8 << 30,
                 mem_total: 16 << 30,
+                mem_available: 0,
                 process_rss: 2 << 30,
             },
             // 96% full: the gauge takes its alarm colour.
@@ -100,6 +101,7 @@ fn policy_telemetry(app: &mut App) {
             peak_bytes: (usage * limit as f64) as u64,
             predicted_bytes: Some((0.93 * limit as f64) as u64),
             limit_bytes: limit,
+            configured_limit_bytes: limit,
             usage,
         }));
     }
@@ -228,7 +230,7 @@ fn the_memory_panel_keeps_its_detail_lines_at_the_minimum_size() {
         "over target",
         "frag",
         // Training panel: the controller's last decision and the OOMs it caught.
-        "after step 20: 8 → 6 (critical)",
+        "step 20: 8 → 6 (critical)",
         "OOMs caught 1",
     ] {
         assert!(cuda.contains(needed), "{needed:?} missing at 80x24: {cuda}");
@@ -239,6 +241,7 @@ fn the_memory_panel_keeps_its_detail_lines_at_the_minimum_size() {
             cpu_percent: 5.0,
             mem_used: 1 << 30,
             mem_total: 16 << 30,
+            mem_available: 0,
             process_rss: 300 << 20,
         },
         gpu: None,
@@ -284,16 +287,78 @@ fn the_help_lists_every_binding_at_the_minimum_size() {
     }
 }
 
+/// Target, warning and critical are all ruled; on short charts target and warning (2%
+/// apart) share a row and its label names both.
 #[test]
 fn the_memory_chart_shows_rules_peaks_predictions_and_marks() {
     let app = busy_app(true);
-    for (w, h) in [(80, 24), (120, 40)] {
+    for (w, h, rules) in [
+        (80, 24, &["tw 90%", "c  95%"][..]),
+        (120, 40, &["tw 90%", "c  95%"][..]),
+        (200, 60, &["t  90%", "w  92%", "c  95%"][..]),
+    ] {
         let screen = text(&draw(&app, w, h));
-        for needed in ["memory vs limit", "t  90%", "c  95%", "╌", "•", "!"] {
+        for needed in ["memory vs limit", "╌", "•", "!"].iter().chain(rules) {
             assert!(
                 screen.contains(needed),
                 "{needed:?} missing at {w}x{h}: {screen}"
             );
+        }
+    }
+}
+
+/// Cells whose symbols, read left to right on one row, spell `needle`.
+fn find(buf: &Buffer, needle: &str) -> Option<Vec<(u16, u16)>> {
+    let area = buf.area;
+    for y in 0..area.height {
+        let row: Vec<(u16, String)> = (0..area.width)
+            .map(|x| (x, buf[(x, y)].symbol().to_string()))
+            .collect();
+        let line: String = row.iter().map(|c| c.1.as_str()).collect();
+        if let Some(byte) = line.find(needle) {
+            let start = line[..byte].chars().count();
+            let n = needle.chars().count();
+            return Some((start..start + n).map(|i| (row[i].0, y)).collect());
+        }
+    }
+    None
+}
+
+/// The gauge's label is written over the bar: every one of its cells must contrast with
+/// the colour under it, whatever the bar's alarm colour (here red: 96% used).
+#[test]
+fn the_gauge_label_reads_over_the_bar() {
+    let app = busy_app(true);
+    let buf = draw(&app, 100, 30);
+    let cells = find(&buf, "GPU peak 7.68 GiB / 8.00 GiB (96.0%)").expect("gauge label");
+    let mut over_bar = 0;
+    for (x, y) in cells {
+        let cell = &buf[(x, y)];
+        assert_ne!(cell.fg, cell.bg, "label cell at {x} on its own colour");
+        if cell.bg != Color::Reset {
+            over_bar += 1;
+            assert_ne!(
+                cell.fg,
+                Color::Reset,
+                "default text on the bar's colour at {x}"
+            );
+        }
+    }
+    assert!(over_bar > 10, "the bar runs under the label");
+}
+
+/// Danger looks dangerous: the OOM and the critical shrink in the event log are drawn in
+/// the error colour, not the warning one.
+#[test]
+fn ooms_and_critical_shrinks_are_drawn_in_the_error_colour() {
+    let mut app = busy_app(true);
+    // Only policy entries in the log, newest first.
+    app.events.retain(|e| e.text.starts_with("step "));
+    let buf = draw(&app, 120, 40);
+    for needle in ["step 21: out of memory", "step 20: shrink 8 → 6"] {
+        let cells = find(&buf, needle).unwrap_or_else(|| panic!("{needle} not on screen"));
+        for (x, y) in cells {
+            assert_eq!(buf[(x, y)].fg, Color::Red, "{needle} at {x},{y}");
         }
     }
 }

@@ -4,7 +4,8 @@ use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use headroom_core::policy::{Decision, Profile, ResizeReason, Thresholds};
 use headroom_core::{
     AllocatorStats, BlockRun, Command, EvalMetrics, GpuStats, HostStats, Level, Notice, RunConfig,
-    RunInfo, RunStatus, Segment, SegmentMap, StepMemory, StepMetrics, SystemSample, Telemetry,
+    RunInfo, RunStatus, RunSummary, Segment, SegmentMap, StepMemory, StepMetrics, SystemSample,
+    Telemetry,
 };
 use headroom_ui::app::App;
 use headroom_ui::keys::{action_for, Action};
@@ -52,6 +53,7 @@ fn cpu_sample(i: u64) -> Telemetry {
             cpu_percent: 97.0,
             mem_used: 6 << 30,
             mem_total: 24 << 30,
+            mem_available: 0,
             process_rss: (400 << 20) + i * (2 << 20),
         },
         gpu: None,
@@ -65,6 +67,7 @@ fn cuda_sample(i: u64) -> Telemetry {
             cpu_percent: 12.0,
             mem_used: 20 << 30,
             mem_total: 128 << 30,
+            mem_available: 0,
             process_rss: 3 << 30,
         },
         gpu: Some(GpuStats {
@@ -108,6 +111,7 @@ fn step_memory(n: u64, micro_batch: usize, limit: u64, usage: f64, predicted: f6
         peak_bytes: bytes(usage),
         predicted_bytes: (n >= 3).then(|| bytes(predicted)),
         limit_bytes: limit,
+        configured_limit_bytes: limit,
         usage,
     })
 }
@@ -167,16 +171,17 @@ fn policy_events(story: Story, n: u64) -> Vec<Telemetry> {
                 retry_with: Some(8),
                 error: "[enforce fail at alloc_cpu.cpp:118] DefaultCPUAllocator: can't allocate memory".into(),
             },
-            decision(29, Decision::EmptyCache { usage: 1.0 }),
+            // Taken during step 30, so numbered 30 like the error.
+            decision(30, Decision::EmptyCache { usage: 1.0 }),
             decision(
-                29,
+                30,
                 Decision::CeilingLearned {
                     micro_batch: 16,
                     tokens: 1024,
                     usage: 1.0,
                 },
             ),
-            decision(29, resize(16, 8, ResizeReason::Oom, 1.0, Some(0.56))),
+            decision(30, resize(16, 8, ResizeReason::Oom, 1.0, Some(0.56))),
         ],
         (Story::CpuOom, 36) => vec![
             Telemetry::ThresholdsChanged {
@@ -195,9 +200,10 @@ fn policy_events(story: Story, n: u64) -> Vec<Telemetry> {
             command: Command::PinMicroBatch { micro_batch: 8 },
             applied: "micro-batch pinned at 8, 4 accumulation steps".into(),
         }],
+        // Forecast before step 46 runs: numbered 46, the step it is about.
         (Story::CudaForecast, 45) => vec![
             decision(
-                45,
+                46,
                 Decision::Warning {
                     usage: 0.93,
                     forecast: true,
@@ -205,7 +211,7 @@ fn policy_events(story: Story, n: u64) -> Vec<Telemetry> {
                 },
             ),
             decision(
-                45,
+                46,
                 resize(16, 12, ResizeReason::Forecast, 0.93, Some(0.86)),
             ),
         ],
@@ -483,4 +489,236 @@ fn tall_cpu_screen_explains_the_missing_allocator() {
         "{text}"
     );
     assert!(text.contains("process RSS 500 MiB"), "{text}");
+    // The CPU run's memory is returned to the OS as tensors are freed; `f` trims the
+    // heap. The panel must not claim the allocator keeps nothing.
+    assert!(!text.contains("keeps no cache"), "{text}");
+    assert!(text.contains("Freed tensors go back to the OS"), "{text}");
+    assert!(
+        text.contains("f returns what the heap still holds"),
+        "{text}"
+    );
+}
+
+fn screen_text(app: &App, w: u16, h: u16) -> String {
+    let term = draw(app, w, h);
+    let buf = term.backend().buffer();
+    (0..h)
+        .map(|y| {
+            (0..w)
+                .map(|x| buf[(x, y)].symbol().to_string())
+                .collect::<String>()
+                + "\n"
+        })
+        .collect()
+}
+
+/// `163 × 4 = 512` is false: the last micro-batch is 23. The panel writes the split the
+/// trainer runs.
+#[test]
+fn an_uneven_batch_split_is_written_as_it_runs() {
+    let mut app = scripted("cpu", "AMD EPYC 7B13", cpu_sample);
+    for (micro, accum, effective, want) in [
+        (163, 4, 512, "micro 163 × 3 + 23 = 512"),
+        (14, 19, 256, "micro 14 × 18 + 4 = 256"),
+    ] {
+        let Telemetry::Step(mut s) = step(51, micro) else {
+            unreachable!()
+        };
+        (s.accum_steps, s.effective_batch) = (accum, effective);
+        app.apply(&Telemetry::Step(s));
+        for (w, h) in [(80, 24), (100, 30)] {
+            let text = screen_text(&app, w, h);
+            assert!(text.contains(want), "{want:?} missing at {w}x{h}:\n{text}");
+            assert!(!text.contains(&format!("× accum {accum}")), "{text}");
+        }
+    }
+}
+
+/// Another process holds most of the host: the trainer lowered the limit to what is
+/// available, the panel says so, and the room "to the limit" is never more than what the
+/// host can still hand out.
+#[test]
+fn a_lowered_limit_is_said_and_the_room_left_is_what_is_available() {
+    let mut app = App::new("default", true);
+    app.apply(&Telemetry::RunStarted(run_info("cpu", "AMD EPYC 7B13")));
+    app.apply(&Telemetry::Status {
+        status: RunStatus::Running,
+    });
+    app.apply(&Telemetry::ThresholdsChanged {
+        thresholds: Thresholds::default(),
+        profile: Some(Profile::Balanced),
+        source: "config".into(),
+    });
+    let gib = 1u64 << 30;
+    app.apply(&step(1, 8));
+    app.apply(&Telemetry::StepMemory(StepMemory {
+        step: 1,
+        micro_batch: 8,
+        seq_len: 64,
+        peak_bytes: 4 * gib,
+        predicted_bytes: None,
+        limit_bytes: 9 * gib,
+        configured_limit_bytes: 23 * gib,
+        usage: 4.0 / 9.0,
+    }));
+    // Since the step, the other job took more: 2 GiB are left beyond our 4 GiB.
+    app.apply(&Telemetry::Sample(SystemSample {
+        host: HostStats {
+            cpu_percent: 50.0,
+            mem_used: 22 * gib,
+            mem_total: 24 * gib,
+            mem_available: 2 * gib,
+            process_rss: 4 * gib,
+        },
+        gpu: None,
+        allocator: None,
+    }));
+    for (w, h) in [(80, 24), (100, 30)] {
+        let text = screen_text(&app, w, h);
+        for needed in [
+            "limit 9.00 GiB of 23.0 GiB",
+            "9.00 GiB available of 23.0 GiB",
+        ] {
+            assert!(text.contains(needed), "{needed:?} at {w}x{h}:\n{text}");
+        }
+        assert!(text.contains("2.00 GiB to"), "{w}x{h}:\n{text}");
+        assert!(!text.contains("5.00 GiB to"), "{w}x{h}:\n{text}");
+    }
+    let text = screen_text(&app, 100, 30);
+    assert!(text.contains("others hold the rest"), "{text}");
+    insta::assert_snapshot!(text);
+}
+
+/// Before the first step, "free" is what the kernel says is available, not host total
+/// minus our own resident set.
+#[test]
+fn free_memory_before_the_first_step_counts_other_processes() {
+    let mut app = App::new("default", true);
+    app.apply(&Telemetry::Sample(SystemSample {
+        host: HostStats {
+            cpu_percent: 50.0,
+            mem_used: 15 << 30,
+            mem_total: 24 << 30,
+            mem_available: 9 << 30,
+            process_rss: 1 << 30,
+        },
+        gpu: None,
+        allocator: None,
+    }));
+    let text = screen_text(&app, 100, 30);
+    assert!(text.contains("headroom 9.00 GiB free"), "{text}");
+}
+
+/// The event log panel cuts long entries; `e` shows every entry whole, wrapped, and
+/// Esc closes it again.
+#[test]
+fn the_event_list_shows_long_entries_in_full() {
+    let mut app = cpu_oom_run();
+    let long = "usage stayed at 96% although the micro-batch shrank from 32 to 16 (it was \
+                97%): the memory is held apart from the batch (allocator cache, \
+                fragmentation or another process); holding at 16 and freeing the cache";
+    app.apply(&decision(
+        58,
+        Decision::Warning {
+            usage: 0.96,
+            forecast: false,
+            text: format!("step 58: {long}"),
+        },
+    ));
+    let panel = screen_text(&app, 100, 30);
+    assert!(panel.contains("step 58: usage stayed"), "{panel}");
+    assert!(!panel.contains("step 58: step 58"), "{panel}");
+    assert!(
+        !panel.contains("freeing the cache"),
+        "cut in the panel:\n{panel}"
+    );
+    assert!(panel.contains("e: read in full"), "{panel}");
+    press(&mut app, KeyCode::Char('e'));
+    let full = screen_text(&app, 100, 30);
+    // Every word, in order, across the wrapped rows.
+    let words: Vec<&str> = full.split_whitespace().filter(|w| *w != "│").collect();
+    let whole = format!("step 58: {long}");
+    let wanted: Vec<&str> = whole.split_whitespace().collect();
+    let at = words
+        .windows(wanted.len())
+        .position(|w| w == wanted.as_slice());
+    assert!(at.is_some(), "not whole:\n{full}");
+    insta::assert_snapshot!(full);
+    press(&mut app, KeyCode::Esc);
+    assert!(!app.show_events);
+    assert_eq!(screen_text(&app, 100, 30), panel);
+}
+
+/// The footer offers the keys that do something now, named for what they do now.
+#[test]
+fn the_footer_follows_the_runs_state() {
+    let footer = |app: &App| -> String {
+        let text = screen_text(app, 120, 30);
+        text.lines().nth(29).unwrap_or_default().to_string()
+    };
+    let mut app = cpu_oom_run();
+    let running = footer(&app);
+    for needed in [" q  stop", " p  pause", " c  checkpoint", " b  unpin"] {
+        assert!(running.contains(needed), "{needed:?} missing: {running}");
+    }
+    app.apply(&Telemetry::Status {
+        status: RunStatus::Paused,
+    });
+    let paused = footer(&app);
+    assert!(
+        paused.contains(" p  resume") && !paused.contains("pause"),
+        "{paused}"
+    );
+    app.apply(&Telemetry::Status {
+        status: RunStatus::Running,
+    });
+    press(&mut app, KeyCode::Char('q'));
+    let stopping = footer(&app);
+    assert!(stopping.contains(" q  quit now"), "{stopping}");
+    for gone in [" p ", " c ", " t ", " b ", " f ", " P "] {
+        assert!(
+            !stopping.contains(gone),
+            "{gone:?} offered while stopping: {stopping}"
+        );
+    }
+    app.apply(&Telemetry::Finished(RunSummary {
+        steps_done: 50,
+        total_steps: 300,
+        stopped_by_user: true,
+        last_loss: None,
+        last_val_loss: None,
+        tokens_seen: 0,
+        elapsed_s: 5.0,
+        checkpoint: None,
+        memory: Default::default(),
+    }));
+    let over = footer(&app);
+    assert!(
+        over.contains(" q  close") && over.contains(" ?  help"),
+        "{over}"
+    );
+    for gone in [" p ", " c ", " t ", " b ", "stop"] {
+        assert!(
+            !over.contains(gone),
+            "{gone:?} offered after the run: {over}"
+        );
+    }
+    let header = screen_text(&app, 120, 30);
+    assert!(!header.contains("samples/s"), "{header}");
+}
+
+/// The micro-batch's size over time sits beside the chart's ↑↓ marks: 4, then 16, then 8
+/// after the OOM.
+#[test]
+fn the_micro_batch_history_shows_its_levels() {
+    let app = cpu_oom_run();
+    let text = screen_text(&app, 100, 30);
+    let line = text
+        .lines()
+        .find(|l| l.contains("size "))
+        .unwrap_or_else(|| panic!("no size line:\n{text}"));
+    for level in ['▂', '█', '▄'] {
+        assert!(line.contains(level), "{level} missing: {line}");
+    }
+    assert!(line.contains(" 8 (max 16)"), "{line}");
 }

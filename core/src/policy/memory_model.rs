@@ -15,6 +15,9 @@ pub const WINDOW: usize = 64;
 pub struct MemoryModel {
     /// (tokens in the micro-batch, peak bytes), oldest first.
     points: Vec<(u64, u64)>,
+    /// The sequence length of each point (0 when not told).
+    #[serde(default)]
+    seqs: Vec<usize>,
     fit: Option<(f64, f64)>,
 }
 
@@ -25,19 +28,47 @@ impl MemoryModel {
 
     /// Records one step's peak at a micro-batch of `tokens` tokens and refits.
     pub fn observe(&mut self, tokens: u64, peak_bytes: u64) {
+        self.observe_at(tokens, peak_bytes, 0);
+    }
+
+    /// As [`observe`](Self::observe), remembering the sequence length so a caller can ask
+    /// what a token costs at one length ([`points`](Self::points)).
+    pub fn observe_at(&mut self, tokens: u64, peak_bytes: u64, seq_len: usize) {
         if tokens == 0 {
             return;
         }
         if self.points.len() == WINDOW {
-            self.points.remove(0);
+            // The oldest reading goes, unless it is the last of its size: a window of one
+            // size (a run settled for WINDOW steps) could no longer separate the fixed part
+            // from the per-token cost.
+            let i = (0..self.points.len())
+                .find(|&i| {
+                    let x = self.points[i].0;
+                    x == tokens || self.points.iter().filter(|p| p.0 == x).count() > 1
+                })
+                .unwrap_or(0);
+            self.points.remove(i);
+            if i < self.seqs.len() {
+                self.seqs.remove(i);
+            }
         }
         self.points.push((tokens, peak_bytes));
+        self.seqs.push(seq_len);
         self.fit = self.refit();
+    }
+
+    /// (tokens, peak bytes, sequence length) of each reading in the window, oldest first.
+    pub fn points(&self) -> impl Iterator<Item = (u64, u64, usize)> + '_ {
+        self.points
+            .iter()
+            .zip(self.seqs.iter().copied().chain(std::iter::repeat(0)))
+            .map(|(&(t, p), s)| (t, p, s))
     }
 
     /// Forgets every observation (the footprint changed under the fit).
     pub fn clear(&mut self) {
         self.points.clear();
+        self.seqs.clear();
         self.fit = None;
     }
 
@@ -109,6 +140,60 @@ impl MemoryModel {
         Some((fixed, slope))
     }
 
+    /// (fixed bytes, bytes per token, bytes per token per token of length) of
+    /// `peak ≈ fixed + tokens × (a + b × seq_len)`, fitted over readings at different
+    /// lengths: attention makes a token in a longer sequence cost more, which a line in
+    /// tokens alone averages away (and, with the batch fixed and lengths varying, bends its
+    /// intercept low). `None` until the readings span lengths well enough to tell `b` from
+    /// `a` and the fixed part.
+    ///
+    /// Least squares, then again without readings more than three robust deviations off
+    /// (a one-off spike). A negative coefficient is noise: the fit drops that term.
+    pub fn length_fit(&self) -> Option<(f64, f64, f64)> {
+        let pts: Vec<(f64, f64, f64)> = self
+            .points()
+            .filter(|p| p.2 > 0)
+            .map(|(t, p, s)| (t as f64, t as f64 * s as f64, p as f64))
+            .collect();
+        let (lo, hi) = self
+            .seqs
+            .iter()
+            .filter(|&&s| s > 0)
+            .fold((usize::MAX, 0), |(lo, hi), &s| (lo.min(s), hi.max(s)));
+        if pts.len() < 6 || hi * 10 < lo * 11 {
+            return None;
+        }
+        let fit = |pts: &[(f64, f64, f64)]| -> Option<(f64, f64, f64)> {
+            let full = least_squares(pts, true, true)?;
+            if full.1 >= 0.0 && full.2 >= 0.0 {
+                return Some(full);
+            }
+            [
+                least_squares(pts, false, true),
+                least_squares(pts, true, false),
+            ]
+            .into_iter()
+            .flatten()
+            .find(|f| f.1 >= 0.0 && f.2 >= 0.0)
+        };
+        let first = fit(&pts)?;
+        let resid: Vec<f64> = pts
+            .iter()
+            .map(|&(t, tl, y)| y - (first.0 + first.1 * t + first.2 * tl))
+            .collect();
+        let spread = 1.4826 * median(resid.iter().map(|r| r.abs()).collect());
+        let kept: Vec<_> = pts
+            .iter()
+            .zip(&resid)
+            .filter(|(_, r)| r.abs() <= 3.0 * spread)
+            .map(|(p, _)| *p)
+            .collect();
+        if kept.len() == pts.len() || kept.len() < 6 {
+            return Some(first);
+        }
+        fit(&kept).or(Some(first))
+    }
+
     /// Predicted peak bytes for a micro-batch of `tokens` tokens.
     pub fn predict(&self, tokens: u64) -> Option<u64> {
         let (fixed, per) = self.fit?;
@@ -129,6 +214,66 @@ impl MemoryModel {
     pub fn max_batch_under(&self, limit_bytes: u64, seq_len: usize) -> Option<usize> {
         Some((self.max_tokens_under(limit_bytes)? / seq_len.max(1) as u64) as usize)
     }
+}
+
+/// `y ≈ c + a × t + b × tl` by least squares over (t, tl, y), with the terms not wanted
+/// held at 0; `None` when the readings cannot separate the terms (too few, or one term
+/// nearly a multiple of another).
+fn least_squares(pts: &[(f64, f64, f64)], use_a: bool, use_b: bool) -> Option<(f64, f64, f64)> {
+    // Scaled to order 1 so the normal equations stay well conditioned.
+    let st = pts.iter().map(|p| p.0).fold(0.0, f64::max).max(1.0);
+    let sl = pts.iter().map(|p| p.1).fold(0.0, f64::max).max(1.0);
+    let sy = pts.iter().map(|p| p.2).fold(0.0, f64::max).max(1.0);
+    let row = |p: &(f64, f64, f64)| {
+        let mut x = vec![1.0];
+        if use_a {
+            x.push(p.0 / st);
+        }
+        if use_b {
+            x.push(p.1 / sl);
+        }
+        x
+    };
+    let k = 1 + usize::from(use_a) + usize::from(use_b);
+    if pts.len() < k + 2 {
+        return None;
+    }
+    let mut m = vec![vec![0.0; k + 1]; k];
+    for p in pts {
+        let x = row(p);
+        for i in 0..k {
+            for j in 0..k {
+                m[i][j] += x[i] * x[j];
+            }
+            m[i][k] += x[i] * p.2 / sy;
+        }
+    }
+    let diag: Vec<f64> = (0..k).map(|i| m[i][i]).collect();
+    // Gaussian elimination with partial pivoting.
+    for c in 0..k {
+        let piv = (c..k).max_by(|&a, &b| m[a][c].abs().total_cmp(&m[b][c].abs()))?;
+        m.swap(c, piv);
+        // A pivot this small against its column's own scale: the term is (nearly) a
+        // combination of the others.
+        if m[c][c].abs() < 1e-6 * diag[c].max(1e-300) {
+            return None;
+        }
+        let pivot = m[c].clone();
+        for (r, row) in m.iter_mut().enumerate() {
+            if r != c {
+                let f = row[c] / pivot[c];
+                for (x, p) in row.iter_mut().zip(&pivot).skip(c) {
+                    *x -= f * p;
+                }
+            }
+        }
+    }
+    let sol: Vec<f64> = (0..k).map(|i| m[i][k] / m[i][i]).collect();
+    let mut it = sol.into_iter();
+    let c = it.next()? * sy;
+    let a = if use_a { it.next()? * sy / st } else { 0.0 };
+    let b = if use_b { it.next()? * sy / sl } else { 0.0 };
+    Some((c, a, b))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -187,6 +332,39 @@ mod tests {
         let b = m.max_batch_under(1 << 30, 64).unwrap();
         assert!((82..=84).contains(&b), "{b}");
         assert_eq!(m.max_batch_under(400 * MIB, 64), Some(0));
+    }
+
+    /// A token in a longer sequence costs more (attention): the fit across lengths finds
+    /// that, and the fixed part, where a line in tokens alone would not.
+    #[test]
+    fn length_fit_separates_the_attention_term() {
+        let mut m = MemoryModel::new();
+        let truth = |mb: u64, s: u64| 500 * MIB + mb * s * (40 * 1024 + 300 * s);
+        let mut x = 7u64;
+        for i in 0..40u64 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            let s = 32 + (x >> 33) % 225;
+            let mb = 8 + i % 3;
+            let y = if i == 17 {
+                truth(mb, s) * 2
+            } else {
+                truth(mb, s)
+            };
+            m.observe_at(mb * s, y, s as usize);
+        }
+        let (f, a, b) = m.length_fit().unwrap();
+        assert!(
+            (f - (500 * MIB) as f64).abs() < 0.01 * (500 * MIB) as f64,
+            "{f}"
+        );
+        assert!((a - 40.0 * 1024.0).abs() < 0.01 * 40.0 * 1024.0, "{a}");
+        assert!((b - 300.0).abs() < 3.0, "{b}");
+        // One length: nothing to separate.
+        let mut one = MemoryModel::new();
+        for mb in 1..10u64 {
+            one.observe_at(mb * 64, truth(mb, 64), 64);
+        }
+        assert_eq!(one.length_fit(), None);
     }
 
     #[test]

@@ -5,7 +5,7 @@ pub mod memory_model;
 pub mod thresholds;
 
 pub use controller::{
-    Controller, ControllerConfig, Decision, OomOutcome, ResizeReason, StepObservation,
+    Controller, ControllerConfig, Decision, OomOutcome, ResizeReason, StepObservation, Upcoming,
 };
 pub use memory_model::MemoryModel;
 pub use thresholds::{Profile, ThresholdError, Thresholds};

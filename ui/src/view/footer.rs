@@ -1,59 +1,101 @@
-//! Which keys the one-line footer shows: all of them when they fit, else it leaves out
-//! keys in a fixed order (navigation before the run's controls). `?` is never left out:
-//! it lists everything.
+//! Which keys the one-line footer shows: the ones that do something in the run's state,
+//! named for what they do in it (`p` pauses a running run and resumes a paused one; a
+//! stopping or ended run takes no commands). All of them when they fit, else it leaves
+//! out keys in a fixed order (navigation before the run's controls). `?` is never left
+//! out: it lists everything.
+use headroom_core::RunStatus;
+
+use crate::app::App;
+use crate::keys::BINDINGS;
 
 /// Dashboard keys, first left out first.
-pub const SHED_ORDER: [&str; 9] = ["Esc", "w", "↑↓", "Tab", "P", "f", "+/-", "b", "t"];
+pub const SHED_ORDER: [&str; 11] = [
+    "^Z", "Esc", "w", "↑↓", "Tab", "e", "P", "f", "+/-", "b", "t",
+];
+/// Dashboard keys while the event list is open: its own keys stay longest.
+pub const EVENTS_SHED_ORDER: [&str; 11] =
+    ["^Z", "w", "Tab", "P", "f", "+/-", "b", "t", "c", "p", "Esc"];
 /// Editor keys, first left out first.
 pub const EDITOR_SHED_ORDER: [&str; 2] = ["P", "←→"];
+
+/// The dashboard's keys that act now, each with the word for what it does now. Keys the
+/// app would ignore in this state are not offered.
+pub fn live(app: &App) -> Vec<(&'static str, &'static str)> {
+    BINDINGS
+        .iter()
+        .filter_map(|(key, short, _)| label_now(app, key, short).map(|l| (*key, l)))
+        .collect()
+}
+
+fn label_now(app: &App, key: &str, short: &'static str) -> Option<&'static str> {
+    let commands = app.takes_commands();
+    match key {
+        "q" if app.is_over() => Some("close"),
+        "q" if app.stop_requested => Some("quit now"),
+        "p" if !commands => None,
+        "p" => match app.status {
+            RunStatus::Running => Some("pause"),
+            RunStatus::Paused => Some("resume"),
+            _ => None,
+        },
+        "b" if commands && app.policy.pinned => Some("unpin"),
+        "c" | "t" | "P" | "b" | "+/-" | "f" if !commands => None,
+        "Esc" if !app.show_help && !app.show_events => None,
+        "e" if app.show_events => Some("close events"),
+        _ => Some(short),
+    }
+}
 
 /// Cells one key takes, as drawn: ` q ` then ` stop  `.
 fn cells(key: &str, short: &str) -> usize {
     key.chars().count() + short.chars().count() + 5
 }
 
-/// The (key, short label) pairs that fit in `room` cells, in table order.
+/// The (key, short label) pairs that fit in `room` cells, in their order.
 pub fn shown<'a>(
-    table: &'a [(&'a str, &'a str, &'a str)],
+    keys: &[(&'a str, &'a str)],
     shed_order: &[&str],
     room: usize,
 ) -> Vec<(&'a str, &'a str)> {
-    let mut used: usize = table.iter().map(|(k, s, _)| cells(k, s)).sum();
+    let mut used: usize = keys.iter().map(|(k, s)| cells(k, s)).sum();
     let mut shed: Vec<&str> = Vec::new();
     for key in shed_order {
         if used <= room {
             break;
         }
-        if let Some((k, s, _)) = table.iter().find(|(k, _, _)| k == key) {
+        if let Some((k, s)) = keys.iter().find(|(k, _)| k == key) {
             used -= cells(k, s);
             shed.push(k);
         }
     }
-    table
-        .iter()
-        .filter(|(k, _, _)| !shed.contains(k))
-        .map(|(k, s, _)| (*k, *s))
+    keys.iter()
+        .filter(|(k, _)| !shed.contains(k))
+        .copied()
         .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::{BINDINGS, EDITOR_BINDINGS};
+    use crate::keys::EDITOR_BINDINGS;
+
+    fn all() -> Vec<(&'static str, &'static str)> {
+        BINDINGS.iter().map(|(k, s, _)| (*k, *s)).collect()
+    }
 
     fn keys(room: usize) -> Vec<&'static str> {
-        shown(BINDINGS, &SHED_ORDER, room)
+        shown(&all(), &SHED_ORDER, room)
             .into_iter()
             .map(|(k, _)| k)
             .collect()
     }
 
     #[test]
-    fn everything_fits_on_a_wide_line_but_esc_which_is_help_only() {
+    fn everything_fits_on_a_wide_line_but_help_only_keys() {
         let all = keys(1000);
         assert_eq!(all.len(), BINDINGS.len());
-        let wide = keys(155);
-        assert!(!wide.contains(&"Esc") && wide.contains(&"w"), "{wide:?}");
+        let wide = keys(185);
+        assert!(!wide.contains(&"^Z") && wide.contains(&"w"), "{wide:?}");
     }
 
     #[test]
@@ -62,7 +104,7 @@ mod tests {
         for needed in ["q", "p", "c", "t", "b", "?"] {
             assert!(k.contains(&needed), "{needed} missing: {k:?}");
         }
-        let total: usize = shown(BINDINGS, &SHED_ORDER, 80)
+        let total: usize = shown(&all(), &SHED_ORDER, 80)
             .iter()
             .map(|(k, s)| cells(k, s))
             .sum();
@@ -74,9 +116,10 @@ mod tests {
 
     #[test]
     fn every_shed_key_is_in_its_table() {
-        for k in SHED_ORDER {
-            assert!(BINDINGS.iter().any(|b| b.0 == k), "{k}");
+        for k in SHED_ORDER.iter().chain(&EVENTS_SHED_ORDER) {
+            assert!(BINDINGS.iter().any(|b| b.0 == *k), "{k}");
         }
+        assert!(!EVENTS_SHED_ORDER.contains(&"e") && !EVENTS_SHED_ORDER.contains(&"q"));
         for k in EDITOR_SHED_ORDER {
             assert!(EDITOR_BINDINGS.iter().any(|b| b.0 == k), "{k}");
         }

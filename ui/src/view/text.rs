@@ -56,9 +56,45 @@ pub fn keep_most_important<T>(items: Vec<(u8, T)>, rows: usize) -> Vec<T> {
     out
 }
 
+/// `text` in lines of at most `max` cells, broken between words; a word longer than a
+/// line is broken inside it. Nothing is dropped: every character is on some line.
+pub fn wrap(text: &str, max: usize) -> Vec<String> {
+    let max = max.max(1);
+    let mut lines: Vec<String> = Vec::new();
+    let mut line = String::new();
+    for word in text.split(' ') {
+        let sep = usize::from(!line.is_empty());
+        if !line.is_empty() && width(&line) + sep + width(word) > max {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        for c in word.chars() {
+            if width(&line) + width(&c.to_string()) > max {
+                lines.push(std::mem::take(&mut line));
+            }
+            line.push(c);
+        }
+    }
+    lines.push(line);
+    lines
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wrapping_keeps_every_word_and_fits_the_width() {
+        let text = "step 58: usage stayed at 96% although the micro-batch shrank from 32 to 16";
+        let lines = wrap(text, 20);
+        assert!(lines.iter().all(|l| width(l) <= 20), "{lines:?}");
+        assert_eq!(lines.join(" "), text);
+        assert_eq!(lines[0], "step 58: usage");
+        assert_eq!(wrap("abcdefgh", 3), vec!["abc", "def", "gh"]);
+        assert_eq!(wrap("", 5), vec![""]);
+    }
 
     #[test]
     fn ellipsis_only_when_needed() {

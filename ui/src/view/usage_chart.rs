@@ -1,6 +1,6 @@
 //! The memory-history chart once the trainer reports step peaks: measured and predicted
-//! peak usage of the limit over time, target and critical ruled across, and the
-//! controller's events marked on the time axis.
+//! peak usage of the limit over time, target, warning and critical ruled across, and the
+//! controller's events marked on the time axis in the colour of their severity.
 //!
 //! Drawn by hand around two canvases because ratatui's Chart has neither horizontal rules
 //! nor per-point glyphs, and the marks must stay readable without colour (NO_COLOR).
@@ -17,6 +17,7 @@ use super::fg;
 use super::text::{first_fitting, width};
 use crate::app::App;
 use crate::policy::{Mark, MarkKind};
+use headroom_core::Level;
 
 /// `tc 90%`: the letters of the thresholds on a row, then its value.
 const GUTTER: u16 = 6;
@@ -83,26 +84,41 @@ pub fn y_range(points: &[(f64, f64)], rules: &[f64], latest: Option<f64>) -> [f6
     [lo, hi.max(lo + 0.05)]
 }
 
-/// One mark per column: the most important of those that land there.
-pub fn axis_marks(marks: &[Mark], scale: &Scale) -> Vec<(u16, MarkKind)> {
-    let mut out: Vec<(u16, MarkKind)> = Vec::new();
+/// One mark per column: the most important of those that land there (the more severe
+/// of two of a kind).
+pub fn axis_marks(marks: &[Mark], scale: &Scale) -> Vec<(u16, Mark)> {
+    let mut out: Vec<(u16, Mark)> = Vec::new();
     for m in marks {
         let col = scale.col(m.t);
+        let outranks = |held: &Mark| {
+            (m.kind.rank(), severity(m.level)) > (held.kind.rank(), severity(held.level))
+        };
         match out.iter_mut().find(|(c, _)| *c == col) {
-            Some((_, kind)) if m.kind.rank() > kind.rank() => *kind = m.kind,
+            Some((_, held)) if outranks(held) => *held = *m,
             Some(_) => {}
-            None => out.push((col, m.kind)),
+            None => out.push((col, *m)),
         }
     }
     out
 }
 
-fn mark_color(kind: MarkKind) -> Color {
-    match kind {
-        MarkKind::Oom => Color::Red,
-        MarkKind::Grew | MarkKind::Shrank => Color::Cyan,
-        MarkKind::CacheFreed => Color::Yellow,
-        MarkKind::ThresholdsChanged => Color::Blue,
+fn severity(level: Level) -> u8 {
+    match level {
+        Level::Info => 0,
+        Level::Warn => 1,
+        Level::Error => 2,
+    }
+}
+
+/// A mark's colour is its severity's: an OOM or a shrink forced by critical usage in
+/// the error colour, a forecast or over-target shrink in the warning colour, a grow in
+/// the routine one.
+pub fn mark_color(mark: &Mark) -> Color {
+    match (mark.kind, mark.level) {
+        (_, Level::Error) => Color::Red,
+        (MarkKind::ThresholdsChanged, _) => Color::Blue,
+        (_, Level::Warn) => Color::Yellow,
+        (_, Level::Info) => Color::Green,
     }
 }
 
@@ -154,7 +170,13 @@ pub(super) fn render(frame: &mut Frame, app: &App, area: Rect, block: Block) {
     let x1 = if x1 > x0 { x1 } else { x0 + 1.0 };
     let rules: Vec<(&str, f64, Color)> = policy
         .thresholds
-        .map(|t| vec![("t", t.target, Color::Green), ("c", t.critical, Color::Red)])
+        .map(|t| {
+            vec![
+                ("t", t.target, Color::Green),
+                ("w", t.warning, Color::Yellow),
+                ("c", t.critical, Color::Red),
+            ]
+        })
         .unwrap_or_default();
     let all: Vec<(f64, f64)> = peak.iter().chain(&predicted).copied().collect();
     let rule_values: Vec<f64> = rules.iter().map(|r| r.1).collect();
@@ -253,8 +275,13 @@ fn draw_gutter_and_rules(
     for (letter, value, color) in rules {
         let row = scale.row(*value);
         match ruled.iter_mut().find(|r| r.0 == row) {
-            // Two thresholds on one row: both letters, the lower value.
-            Some(r) => r.1.push_str(letter),
+            // Two thresholds on one row: both letters, the lower value, and the colour of
+            // the more severe (rules come in rising order), so critical never looks like
+            // warning.
+            Some(r) => {
+                r.1.push_str(letter);
+                r.3 = *color;
+            }
             None => ruled.push((row, letter.to_string(), *value, *color)),
         }
     }
@@ -262,11 +289,13 @@ fn draw_gutter_and_rules(
         let rule: String = std::iter::repeat_n(RULE, plot.width as usize).collect();
         put(buf, plot.x, *row, &rule, fg(app, *color));
         labels.retain(|l| l.0 != *row);
-        labels.push((
-            *row,
-            format!("{letters:<2}{:>3.0}%", value * 100.0),
-            fg(app, *color),
-        ));
+        // Three thresholds can share a row at 80×24: the value gives up a column first.
+        let digits = 5usize.saturating_sub(letters.chars().count()).max(1);
+        let text: String = format!("{letters}{:>digits$.0}%", value * 100.0)
+            .chars()
+            .take(GUTTER as usize)
+            .collect();
+        labels.push((*row, text, fg(app, *color)));
     }
     for y in plot.y..plot.bottom() {
         let tick = labels.iter().any(|l| l.0 == y);
@@ -291,13 +320,13 @@ fn draw_time_axis(buf: &mut Buffer, app: &App, scale: &Scale, marks: &[Mark], in
         .chain(std::iter::repeat_n('─', plot.width as usize))
         .collect();
     put(buf, plot.x - 1, axis_y, &line, Style::default());
-    for (col, kind) in axis_marks(marks, scale) {
+    for (col, mark) in axis_marks(marks, scale) {
         put(
             buf,
             col,
             axis_y,
-            &kind.glyph().to_string(),
-            fg(app, mark_color(kind)),
+            &mark.kind.glyph().to_string(),
+            fg(app, mark_color(&mark)),
         );
     }
     let label_y = axis_y + 1;
@@ -322,10 +351,10 @@ fn draw_time_axis(buf: &mut Buffer, app: &App, scale: &Scale, marks: &[Mark], in
         let style = match word {
             "⣀" | "peak" => fg(app, PEAK_COLOR),
             "•" | "predicted" | "•pred" => fg(app, PREDICTED_COLOR),
-            "!" => fg(app, mark_color(MarkKind::Oom)),
-            "↑↓" => fg(app, mark_color(MarkKind::Grew)),
-            "c" => fg(app, mark_color(MarkKind::CacheFreed)),
-            "T" => fg(app, mark_color(MarkKind::ThresholdsChanged)),
+            "!" => fg(app, Color::Red),
+            "↑↓" => fg(app, Color::Green),
+            "c" => fg(app, Color::Yellow),
+            "T" => fg(app, Color::Blue),
             _ => fg(app, Color::DarkGray),
         };
         put(buf, at, label_y, word, style);
@@ -392,23 +421,50 @@ mod tests {
             Mark {
                 t: 5.0,
                 kind: MarkKind::CacheFreed,
+                level: Level::Warn,
             },
             Mark {
                 t: 5.0,
                 kind: MarkKind::Oom,
+                level: Level::Error,
             },
             Mark {
                 t: 5.1,
                 kind: MarkKind::Shrank,
+                level: Level::Error,
             },
             Mark {
                 t: 9.9,
                 kind: MarkKind::Grew,
+                level: Level::Info,
             },
         ];
+        let got: Vec<(u16, MarkKind)> = axis_marks(&marks, &s)
+            .into_iter()
+            .map(|(c, m)| (c, m.kind))
+            .collect();
         assert_eq!(
-            axis_marks(&marks, &s),
+            got,
             vec![(s.col(5.0), MarkKind::Oom), (s.col(9.9), MarkKind::Grew)]
         );
+    }
+
+    #[test]
+    fn marks_take_their_severitys_colour() {
+        let mark = |kind, level| Mark {
+            t: 0.0,
+            kind,
+            level,
+        };
+        assert_eq!(mark_color(&mark(MarkKind::Oom, Level::Error)), Color::Red);
+        assert_eq!(
+            mark_color(&mark(MarkKind::Shrank, Level::Error)),
+            Color::Red
+        );
+        assert_eq!(
+            mark_color(&mark(MarkKind::Shrank, Level::Warn)),
+            Color::Yellow
+        );
+        assert_eq!(mark_color(&mark(MarkKind::Grew, Level::Info)), Color::Green);
     }
 }

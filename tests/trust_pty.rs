@@ -1,0 +1,169 @@
+//! Issue 10's cases that need a terminal: the bundled default shows the controller at
+//! work, a hang-up does not cost the run, a second `q` ends it at once, a dumb terminal
+//! gets progress lines instead of a screen it cannot draw.
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::pty::Pty;
+use common::{bin, fixture, of_kind, read_log};
+
+fn wait_for_log(log: &Path, needle: &str, count: usize, timeout: Duration) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.matches(needle).count() >= count {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+/// `./dev train` as a newcomer runs it: within its first minute on a CPU the controller
+/// grows the micro-batch and accumulates to the effective batch.
+#[test]
+fn the_bundled_default_shows_the_controller_at_work_within_a_minute() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = bin();
+    cmd.current_dir(dir.path())
+        .args(["train", "--device", "cpu", "--log", "run.jsonl"]);
+    let mut pty = Pty::spawn(cmd, 120, 40);
+    let log = dir.path().join("run.jsonl");
+    let started = Instant::now();
+    let grown = wait_for_log(&log, "\"reason\":\"grow\"", 1, Duration::from_secs(60));
+    let elapsed = started.elapsed();
+    pty.send(b"q");
+    pty.send(b"q");
+    let _ = pty.wait_exit(Duration::from_secs(30));
+    assert!(grown, "no grow decision in {elapsed:?}");
+    let records = read_log(&log);
+    let steps = of_kind(&records, "step");
+    assert!(
+        steps.iter().any(|s| s["accum_steps"].as_u64().unwrap() > 1),
+        "no accumulation: {steps:?}"
+    );
+    let first = &of_kind(&records, "decision")[0]["decision"];
+    assert_eq!(first["reason"], "grow", "{first}");
+    assert!(first["to"].as_u64() > first["from"].as_u64());
+}
+
+fn long_tiny_run(dir: &Path) -> Pty {
+    let mut cmd = bin();
+    cmd.current_dir(dir)
+        .args(["train", "--config"])
+        .arg(fixture("tiny.toml"))
+        .args([
+            "--steps",
+            "100000",
+            "--checkpoint-dir",
+            "ck",
+            "--log",
+            "run.jsonl",
+        ]);
+    Pty::spawn(cmd, 100, 30)
+}
+
+/// An ssh link dropping hangs up the dashboard's terminal: 1892 steps were lost that way.
+/// Now the run stops as gracefully as on SIGTERM, with a checkpoint of its last step.
+#[test]
+fn a_hangup_on_the_dashboard_stops_the_run_with_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut pty = long_tiny_run(dir.path());
+    let log = dir.path().join("run.jsonl");
+    assert!(wait_for_log(
+        &log,
+        "\"kind\":\"step\"",
+        5,
+        Duration::from_secs(60)
+    ));
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(
+        unsafe { libc::kill(pty.child.id() as i32, libc::SIGHUP) },
+        0
+    );
+    let status = pty
+        .wait_exit(Duration::from_secs(60))
+        .expect("the run ended");
+    assert!(status.success(), "{status:?}");
+    let records = read_log(&log);
+    let finished = of_kind(&records, "finished");
+    assert_eq!(finished.len(), 1);
+    let steps = finished[0]["steps_done"].as_u64().unwrap();
+    let saved = of_kind(&records, "checkpoint_saved");
+    assert_eq!(saved.last().unwrap()["step"].as_u64(), Some(steps));
+}
+
+/// The first `q` stops after the step; the second does not wait for it.
+#[test]
+fn a_second_q_ends_the_process_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = bin();
+    // Steps of seconds: the first q alone would wait for one.
+    cmd.current_dir(dir.path())
+        .args(["train", "--config"])
+        .arg(fixture("tiny.toml"))
+        .args([
+            "--steps",
+            "100000",
+            "--batch-size",
+            "8192",
+            "--threads",
+            "1",
+            "--checkpoint-dir",
+            "ck",
+            "--log",
+            "run.jsonl",
+        ]);
+    let mut pty = Pty::spawn(cmd, 100, 30);
+    let log = dir.path().join("run.jsonl");
+    assert!(wait_for_log(
+        &log,
+        "\"kind\":\"step\"",
+        1,
+        Duration::from_secs(120)
+    ));
+    pty.send(b"q");
+    std::thread::sleep(Duration::from_millis(200));
+    let asked = Instant::now();
+    pty.send(b"q");
+    let status = pty
+        .wait_exit(Duration::from_secs(30))
+        .expect("the run ended");
+    assert!(
+        asked.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert_eq!(status.code(), Some(130), "{}", pty.output());
+    assert_eq!(
+        pty.line_discipline(),
+        (true, true),
+        "the terminal is restored"
+    );
+}
+
+/// A terminal that cannot draw the dashboard gets progress lines and a notice saying why.
+#[test]
+fn term_dumb_runs_headless_with_a_notice() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = bin();
+    cmd.current_dir(dir.path())
+        .env("TERM", "dumb")
+        .args(["train", "--config"])
+        .arg(fixture("tiny.toml"))
+        .args(["--steps", "6", "--checkpoint-dir", "ck"]);
+    let mut pty = Pty::spawn(cmd, 100, 30);
+    let status = pty
+        .wait_exit(Duration::from_secs(60))
+        .expect("the run ended");
+    let out = pty.output();
+    assert!(status.success(), "{out}");
+    assert!(
+        out.contains("TERM=dumb") && out.contains("headless"),
+        "{out}"
+    );
+    assert!(out.contains("step      5/6"), "{out}");
+    assert!(!out.contains("\x1b[?1049h"), "no alternate screen: {out}");
+}
