@@ -6,8 +6,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::pty::Pty;
-use common::{bin, fixture, of_kind};
+use common::{long_tiny_run, of_kind};
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use headroom_core::policy::Thresholds;
 use headroom_ui::editor::NAMES;
@@ -66,24 +65,6 @@ fn q_stops_with_a_checkpoint_and_restores_the_terminal() {
     let finished = common::of_kind(&log, "finished");
     assert_eq!(finished.len(), 1);
     assert_eq!(finished[0]["stopped_by_user"], true);
-}
-
-/// `headroom train` on the tiny config, far too many steps to finish by itself, on a
-/// 100×30 pty in `dir`, checkpointing to `ck` and logging to `run.jsonl`.
-fn long_tiny_run(dir: &Path) -> Pty {
-    let mut cmd = bin();
-    cmd.current_dir(dir)
-        .args(["train", "--config"])
-        .arg(fixture("tiny.toml"))
-        .args([
-            "--steps",
-            "100000",
-            "--checkpoint-dir",
-            "ck",
-            "--log",
-            "run.jsonl",
-        ]);
-    Pty::spawn(cmd, 100, 30)
 }
 
 fn tail(s: &str) -> &str {

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::pty::Pty;
-use common::{bin, fixture, of_kind, read_log};
+use common::{bin, fixture, long_tiny_run, of_kind, read_log};
 
 fn wait_for_log(log: &Path, needle: &str, count: usize, timeout: Duration) -> bool {
     let start = Instant::now();
@@ -47,22 +47,6 @@ fn the_bundled_default_shows_the_controller_at_work_within_a_minute() {
     let first = &of_kind(&records, "decision")[0]["decision"];
     assert_eq!(first["reason"], "grow", "{first}");
     assert!(first["to"].as_u64() > first["from"].as_u64());
-}
-
-fn long_tiny_run(dir: &Path) -> Pty {
-    let mut cmd = bin();
-    cmd.current_dir(dir)
-        .args(["train", "--config"])
-        .arg(fixture("tiny.toml"))
-        .args([
-            "--steps",
-            "100000",
-            "--checkpoint-dir",
-            "ck",
-            "--log",
-            "run.jsonl",
-        ]);
-    Pty::spawn(cmd, 100, 30)
 }
 
 /// An ssh link dropping hangs up the dashboard's terminal: 1892 steps were lost that way.

@@ -54,3 +54,21 @@ pub fn logged_steps(log: &[serde_json::Value]) -> Vec<u64> {
         .map(|r| r["step"].as_u64().unwrap())
         .collect()
 }
+
+/// The dashboard on a pty over a tiny run that goes on until stopped, logging to
+/// `run.jsonl` and checkpointing to `ck` in `dir`.
+pub fn long_tiny_run(dir: &Path) -> pty::Pty {
+    let mut cmd = bin();
+    cmd.current_dir(dir)
+        .args(["train", "--config"])
+        .arg(fixture("tiny.toml"))
+        .args([
+            "--steps",
+            "100000",
+            "--checkpoint-dir",
+            "ck",
+            "--log",
+            "run.jsonl",
+        ]);
+    pty::Pty::spawn(cmd, 100, 30)
+}
