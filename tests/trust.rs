@@ -21,12 +21,28 @@ fn resume(dir: &Path, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-/// A headless tiny run that goes on until stopped, logging to `log` (a path in `dir`).
-fn long_run(dir: &Path, log: &str, extra: &[&str]) -> Child {
+/// The tiny fixture with a checkpoint every `every` steps, written into `dir` (a config
+/// key rather than the --checkpoint-every flag, so these tests also run against builds
+/// from before the flag, which is how they were checked to fail there).
+fn tiny_checkpointing_every(dir: &Path, every: u64) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(fixture("tiny.toml")).unwrap();
+    assert!(text.contains("checkpoint_every = 0"));
+    let path = dir.join(format!("tiny-every-{every}.toml"));
+    let text = text.replace(
+        "checkpoint_every = 0",
+        &format!("checkpoint_every = {every}"),
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// A headless tiny run that goes on until stopped, checkpointing every `every` steps and
+/// logging to `log` (a path in `dir`).
+fn long_run(dir: &Path, log: &str, every: u64, extra: &[&str]) -> Child {
     bin()
         .current_dir(dir)
         .args(["train", "--headless", "--config"])
-        .arg(fixture("tiny.toml"))
+        .arg(tiny_checkpointing_every(dir, every))
         .args(["--steps", "100000", "--checkpoint-dir", "ck", "--log", log])
         .args(extra)
         .stdout(Stdio::null())
@@ -89,7 +105,7 @@ fn a_log_reader_that_never_reads_neither_stalls_training_nor_blocks_a_stop() {
         .custom_flags(libc::O_NONBLOCK)
         .open(&fifo)
         .unwrap();
-    let mut child = long_run(dir.path(), "log.fifo", &["--checkpoint-every", "0"]);
+    let mut child = long_run(dir.path(), "log.fifo", 0, &[]);
     let err = dir.path().join("stderr.txt");
     // The pipe holds 64 KiB, a few hundred records; training must go far past that.
     wait_for("steps past the stall", Duration::from_secs(120), || {
@@ -127,16 +143,21 @@ fn fifos_without_a_peer_fail_fast_with_the_fix() {
         ),
     ] {
         let start = Instant::now();
-        let out = bin()
+        let mut child = bin()
             .current_dir(dir.path())
             .env("HEADROOM_FIFO_WAIT_S", "1")
             .args(["train", "--headless", "--config"])
             .arg(fixture("tiny.toml"))
             .args(args)
-            .output()
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
             .unwrap();
+        // A hang (the old behaviour) fails here instead of holding the suite forever.
+        let status = wait_exit(&mut child, Duration::from_secs(30));
+        let out = child.wait_with_output().unwrap();
         let err = stderr(&out);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(status.code(), Some(2), "{args:?}: {err}");
         for n in needles {
             assert!(err.contains(n), "{args:?}: {n:?} missing in {err}");
         }
@@ -149,7 +170,7 @@ fn fifos_without_a_peer_fail_fast_with_the_fix() {
 #[test]
 fn a_checkpoint_directory_belongs_to_one_run() {
     let dir = tempfile::tempdir().unwrap();
-    let mut first = long_run(dir.path(), "a.jsonl", &["--checkpoint-every", "2"]);
+    let mut first = long_run(dir.path(), "a.jsonl", 2, &[]);
     wait_for(
         "the first run's checkpoint",
         Duration::from_secs(60),
@@ -224,7 +245,7 @@ fn a_log_inside_the_checkpoint_directory_is_refused_before_anything_is_touched()
 fn sighup_and_sigquit_stop_with_a_checkpoint() {
     for sig in [libc::SIGHUP, libc::SIGQUIT] {
         let dir = tempfile::tempdir().unwrap();
-        let mut child = long_run(dir.path(), "run.jsonl", &[]);
+        let mut child = long_run(dir.path(), "run.jsonl", 0, &[]);
         let log = dir.path().join("run.jsonl");
         wait_for("steps", Duration::from_secs(60), || {
             count_in(&log, "\"kind\":\"step\"") >= 3
@@ -250,14 +271,8 @@ fn a_second_sigterm_ends_the_run_at_once_and_the_last_checkpoint_resumes() {
     let mut child = long_run(
         dir.path(),
         "run.jsonl",
-        &[
-            "--batch-size",
-            "8192",
-            "--checkpoint-every",
-            "1",
-            "--threads",
-            "1",
-        ],
+        1,
+        &["--batch-size", "8192", "--threads", "1"],
     );
     wait_for("a checkpoint", Duration::from_secs(120), || {
         dir.path().join("ck/latest").exists()
@@ -329,14 +344,19 @@ fn a_model_too_large_for_memory_is_refused_before_it_is_built() {
         )
         .unwrap();
         let start = Instant::now();
-        let out = bin()
+        let mut child = bin()
             .current_dir(dir.path())
             .args(["train", "--headless", "--device", "cpu", "--config"])
             .arg(&config)
-            .output()
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
             .unwrap();
+        // Building it would allocate until the machine gives out: a bounded wait.
+        let status = wait_exit(&mut child, Duration::from_secs(30));
+        let out = child.wait_with_output().unwrap();
         let err = stderr(&out);
-        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(status.code(), Some(2), "{err}");
         assert!(
             err.contains("too large") && err.contains("n_layer") && err.contains("parameters"),
             "{err}"
@@ -520,15 +540,8 @@ fn a_full_disk_never_costs_the_last_good_checkpoint() {
     let child = bin()
         .current_dir(dir.path())
         .args(["train", "--headless", "--config"])
-        .arg(fixture("tiny.toml"))
-        .args([
-            "--steps",
-            "400",
-            "--checkpoint-every",
-            "3",
-            "--checkpoint-dir",
-            "disk/ck",
-        ])
+        .arg(tiny_checkpointing_every(dir.path(), 3))
+        .args(["--steps", "400", "--checkpoint-dir", "disk/ck"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -151,3 +151,60 @@ fn term_dumb_runs_headless_with_a_notice() {
     assert!(out.contains("step      5/6"), "{out}");
     assert!(!out.contains("\x1b[?1049h"), "no alternate screen: {out}");
 }
+
+/// The process's state letter from /proc (`T` while stopped).
+fn proc_state(pid: u32) -> char {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit(')')
+        .next()
+        .and_then(|rest| rest.trim_start().chars().next())
+        .unwrap_or('?')
+}
+
+/// Ctrl-Z gives the terminal back before the process stops (a shell's prompt must not land
+/// on the alternate screen with echo off), and continuing retakes it and redraws.
+#[test]
+fn ctrl_z_gives_the_terminal_back_and_fg_retakes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut pty = long_tiny_run(dir.path());
+    let log = dir.path().join("run.jsonl");
+    assert!(wait_for_log(
+        &log,
+        "\"kind\":\"step\"",
+        3,
+        Duration::from_secs(60)
+    ));
+    assert_eq!(pty.line_discipline(), (false, false), "raw while drawing");
+    let pid = pty.child.id();
+    pty.send(b"\x1a");
+    let start = Instant::now();
+    while proc_state(pid) != 'T' {
+        assert!(start.elapsed() < Duration::from_secs(10), "never stopped");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        pty.line_discipline(),
+        (true, true),
+        "cooked with echo while stopped"
+    );
+    let out = pty.output();
+    let left = out.rfind("\x1b[?1049l").expect("left the alternate screen");
+    assert!(left > out.find("\x1b[?1049h").unwrap());
+    let before = pty.output().len();
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGCONT) }, 0);
+    let start = Instant::now();
+    while pty.line_discipline() != (false, false) || !pty.output()[before..].contains("\x1b[?1049h")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the screen was not retaken"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    pty.send(b"q");
+    let status = pty
+        .wait_exit(Duration::from_secs(60))
+        .expect("the run ended");
+    assert!(status.success(), "{status:?}");
+}

@@ -715,3 +715,435 @@ fn simulated_curves_old_against_new() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// The trainer's horizon (issue 11, seen through the real binary): before each step the
+// trainer tells the controller the longest length among its next 16 steps and the first
+// step that brings it. A tiny GPT on CPU (soft 1 GiB, start 16, ramp 64 → 256 over 60
+// steps) shrank as each longer length came into view (17 resizes, 38 hold lines in 46
+// steps), shrank too far near the end of the ramp and grew back while lengths still rose,
+// right after saying it held.
+
+/// Steps ahead the real trainer looks (trainer/src/runner.rs `LENGTH_HORIZON`).
+const TRAINER_HORIZON: u64 = 16;
+
+/// A memory curve like the real run's, in fractions of the limit.
+#[derive(Debug, Clone, Copy)]
+struct TrainerCurve {
+    fixed: f64,
+    /// Per-token cost `a + b × seq`.
+    a: f64,
+    b: f64,
+    /// Readings scatter by up to ± this share.
+    noise: f64,
+    /// Missing from the first step (state allocated during it).
+    first_low: f64,
+    /// The baseline given before the first step.
+    baseline: f64,
+    start: usize,
+    max_micro: usize,
+    seed: u64,
+}
+
+impl TrainerCurve {
+    /// Fixed part `fixed`, `feasible` sequences of `lmax` under target, attention a share
+    /// `q` of a token's cost at `lmax`.
+    fn new(fixed: f64, feasible: f64, q: f64, lmax: usize, seed: u64) -> TrainerCurve {
+        let per_seq = (0.9 - fixed) / (feasible + 0.5);
+        TrainerCurve {
+            fixed,
+            a: (1.0 - q) * per_seq / lmax as f64,
+            b: q * per_seq / (lmax * lmax) as f64,
+            noise: 0.01,
+            first_low: 0.05,
+            baseline: fixed - 0.04,
+            start: 16,
+            max_micro: 256,
+            seed,
+        }
+    }
+    fn own(&self, mb: usize, seq: usize) -> f64 {
+        self.fixed + (mb * seq) as f64 * (self.a + self.b * seq as f64)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Schedule {
+    /// Linear from `lo` to `hi` over `steps`, as the trainer's `lengths = "ramp"`.
+    Ramp { lo: usize, hi: usize, steps: u64 },
+    /// Uniform in `lo..=hi`, as `lengths = "random"`.
+    Random { lo: usize, hi: usize, seed: u64 },
+}
+
+impl Schedule {
+    fn len_at(self, step: u64) -> usize {
+        match self {
+            Schedule::Ramp { lo, hi, steps } => {
+                let done = step.saturating_sub(1).min(steps.max(1)) as f64 / steps.max(1) as f64;
+                lo + ((hi - lo) as f64 * done).round() as usize
+            }
+            Schedule::Random { lo, hi, seed } => {
+                lo + (splitmix64(splitmix64(seed ^ 0x5eed) ^ step) % (hi - lo + 1) as u64) as usize
+            }
+        }
+    }
+    fn hi(self) -> usize {
+        match self {
+            Schedule::Ramp { hi, .. } | Schedule::Random { hi, .. } => hi,
+        }
+    }
+}
+
+/// One step as the trainer ran it.
+#[derive(Debug, Clone)]
+struct TrainerStep {
+    step: u64,
+    micro_batch: usize,
+    seq_len: usize,
+    /// The longest length in view: this step's or the horizon's.
+    in_view: usize,
+    usage: f64,
+    /// True usage (no noise) of the micro-batch at `in_view`.
+    usage_in_view: f64,
+    margin: f64,
+    /// (from, to) of each resize, before the step and after it.
+    resizes: Vec<(usize, usize)>,
+    held: Vec<String>,
+}
+
+/// Drives the controller exactly as trainer/src/runner.rs does: `before_step_ahead` with
+/// the longest length of the next 16 steps, the step, `set_limit`, `observe`.
+fn run_trainer(c: &TrainerCurve, sched: Schedule, steps: u64) -> Vec<TrainerStep> {
+    const LIMIT_1G: u64 = 1 << 30;
+    let cfg = ControllerConfig {
+        max_micro_batch: c.max_micro,
+        max_seq_len: sched.hi(),
+        ..ControllerConfig::default()
+    };
+    let mut ctl = Controller::new(cfg, Thresholds::default(), LIMIT_1G, c.start);
+    ctl.set_baseline((c.baseline * LIMIT_1G as f64) as u64);
+    let mut r = Rng(c.seed);
+    let mut out = Vec::new();
+    for s in 1..=steps {
+        let seq = sched.len_at(s);
+        let last = (s + TRAINER_HORIZON).min(steps);
+        let up = (s + 1..=last).map(|k| (sched.len_at(k), k)).fold(
+            Upcoming {
+                seq_len: 0,
+                step: s,
+            },
+            |best, (len, k)| {
+                if len > best.seq_len {
+                    Upcoming {
+                        seq_len: len,
+                        step: k,
+                    }
+                } else {
+                    best
+                }
+            },
+        );
+        let pred_before = ctl.predicted_usage(ctl.micro_batch(), seq.max(up.seq_len));
+        let mut ds = ctl.before_step_ahead(seq, up);
+        let mb = ctl.micro_batch();
+        if std::env::var("TRACE_PRED").is_ok() {
+            println!(
+                "  s{s} pred@view(old mb {}) {:?} pred@view(mb {mb}) {:?} pred@seq {:?} fitted {} sizes {}",
+                out.last().map_or(c.start, |t: &TrainerStep| t.micro_batch),
+                pred_before,
+                ctl.predicted_usage(mb, seq.max(up.seq_len)),
+                ctl.predicted_usage(mb, seq),
+                ctl.model().is_fitted(),
+                ctl.model().distinct_sizes()
+            );
+        }
+        let jitter = 1.0 + c.noise * (2.0 * r.unit() - 1.0);
+        let low = if s == 1 { c.first_low } else { 0.0 };
+        let usage = (c.own(mb, seq) - low) * jitter;
+        let in_view = seq.max(up.seq_len);
+        let margin = ctl.margin();
+        ctl.set_limit(LIMIT_1G);
+        ds.extend(ctl.observe(StepObservation {
+            step: s,
+            micro_batch: mb,
+            seq_len: seq,
+            peak_bytes: (usage * LIMIT_1G as f64) as u64,
+        }));
+        if std::env::var("TRACE_PRED").is_ok() {
+            println!(
+                "  after s{s}: pred(100,150) {:.3} true {:.3}; pred(100,256) {:.3} true {:.3}; lenfit {:?} fixed {:?}",
+                ctl.predicted_usage(100, 150).unwrap_or(0.0),
+                c.own(100, 150),
+                ctl.predicted_usage(100, 256).unwrap_or(0.0),
+                c.own(100, 256),
+                ctl.model().length_fit().map(|f| (f.0 / LIMIT_1G as f64, f.1 / LIMIT_1G as f64 * 1e6, f.2 / LIMIT_1G as f64 * 1e9)),
+                (c.fixed, c.a * 1e6, c.b * 1e9)
+            );
+        }
+        let mut st = TrainerStep {
+            step: s,
+            micro_batch: mb,
+            seq_len: seq,
+            in_view,
+            usage,
+            usage_in_view: c.own(mb, in_view),
+            margin,
+            resizes: Vec::new(),
+            held: Vec::new(),
+        };
+        for d in ds {
+            match d {
+                Decision::Resize { from, to, .. } => st.resizes.push((from, to)),
+                Decision::Warning { text, .. } if text.starts_with("holding at") => {
+                    st.held.push(text)
+                }
+                _ => {}
+            }
+        }
+        out.push(st);
+    }
+    out
+}
+
+fn print_trace(trace: &[TrainerStep]) {
+    for t in trace {
+        println!(
+            "step {:3} mb {:4} seq {:4} view {:4} usage {:.3} at-view {:.3} margin {:.3} {:?} {:?}",
+            t.step,
+            t.micro_batch,
+            t.seq_len,
+            t.in_view,
+            t.usage,
+            t.usage_in_view,
+            t.margin,
+            t.resizes,
+            t.held
+        );
+    }
+}
+
+/// What a run through the trainer's horizon did wrong, if anything.
+fn trainer_faults(c: &TrainerCurve, sched: Schedule, trace: &[TrainerStep]) -> Vec<String> {
+    let t = Thresholds::default();
+    let mut faults = Vec::new();
+    // The length each size is planned for: the longest in view so far (the controller
+    // never plans shorter than a length it was told of).
+    let mut planned = 0usize;
+    let mut plans = Vec::new();
+    for st in trace {
+        planned = planned.max(st.in_view);
+        plans.push(planned);
+    }
+    // Never at or over critical.
+    for st in trace {
+        if st.usage >= t.critical {
+            faults.push(format!(
+                "[critical] step {} at {:.3} ({} × {})",
+                st.step, st.usage, st.micro_batch, st.seq_len
+            ));
+        }
+    }
+    // At most one resize per planned length that forced one: a longer length came into
+    // view and the size in force would run it over target (within the model's error).
+    let mut forced = 0usize;
+    let mut in_force = c.start;
+    let mut shrinks = 0usize;
+    for (i, st) in trace.iter().enumerate() {
+        let before = if i == 0 { 0 } else { plans[i - 1] };
+        if plans[i] > before && c.own(in_force, plans[i]) > t.target - 0.03 {
+            forced += 1;
+        }
+        shrinks += st.resizes.iter().filter(|r| r.1 < r.0).count();
+        in_force = st.resizes.last().map_or(st.micro_batch, |r| r.1);
+    }
+    if shrinks > forced {
+        faults.push(format!(
+            "[count] {shrinks} shrinks for {forced} planned lengths that forced one"
+        ));
+    }
+    // No growth after a shrink while longer lengths are still to come into view.
+    let last_plan = *plans.last().unwrap_or(&0);
+    let mut shrunk_at = None;
+    for (i, st) in trace.iter().enumerate() {
+        for &(from, to) in &st.resizes {
+            if to < from {
+                shrunk_at.get_or_insert(st.step);
+            } else if let Some(s) = shrunk_at {
+                // Unless the size grown from really had plain room at the planned length
+                // (the model was wrong: its extrapolation was a bound, or one reading
+                // moved it).
+                let wrong = c.own(from, plans[i]) < t.target - st.margin - 0.05;
+                if plans[i] < last_plan && !wrong {
+                    faults.push(format!(
+                        "[regrow] {from} → {to} at step {} after a shrink at step {s}, planned \
+                         length {} still rising to {last_plan}",
+                        st.step, plans[i]
+                    ));
+                }
+            }
+        }
+    }
+    // A size said to hold does not grow at that step or the next.
+    for (i, st) in trace.iter().enumerate() {
+        if st.held.is_empty() {
+            continue;
+        }
+        for later in &trace[i..(i + 2).min(trace.len())] {
+            if later.resizes.iter().any(|r| r.1 > r.0) {
+                faults.push(format!(
+                    "[hold] said at step {} ({:?}), grew at step {}: {:?}",
+                    st.step, st.held, later.step, later.resizes
+                ));
+            }
+        }
+    }
+    // The planned length is run near target less the margin once the readings can tell
+    // what a token costs in a longer sequence (six readings, after the first, spanning 10%
+    // in length) and the size has followed the fit for a step.
+    let (mut lo, mut hi) = (usize::MAX, 0);
+    let mut learnt = trace.len();
+    for (i, st) in trace.iter().enumerate().skip(1) {
+        lo = lo.min(st.seq_len);
+        hi = hi.max(st.seq_len);
+        if i >= 6 && hi * 10 >= lo * 11 {
+            learnt = i;
+            break;
+        }
+    }
+    for (i, st) in trace.iter().enumerate().skip((learnt + 2).max(5)) {
+        let u = c.own(st.micro_batch, plans[i]);
+        let capped = st.micro_batch >= c.max_micro || st.micro_batch <= 1;
+        if !capped && u < t.target - st.margin - 0.08 {
+            faults.push(format!(
+                "[under] step {}: {} × {} planned at {:.3}",
+                st.step, st.micro_batch, plans[i], u
+            ));
+            break;
+        }
+    }
+    let _ = sched;
+    faults
+}
+
+/// A sweep of curves like the real run's: fixed part 25–55% of the limit (the real one
+/// ~40%), attention 0–60% of a token's cost at the longest length, ±0–1% noise, the first
+/// step low, starts at 1, 16 and 64, feasible sizes at the longest length from 8 to 200.
+fn trainer_curves(n: u64) -> Vec<TrainerCurve> {
+    (0..n)
+        .map(|i| {
+            let mut r = Rng(splitmix64(0x7a1 ^ i));
+            let fixed = r.range(0.25, 0.55);
+            let feasible = r.range(8f64.ln(), 200f64.ln()).exp();
+            let q = r.range(0.0, 0.6);
+            let mut c = TrainerCurve::new(fixed, feasible, q, 256, r.next());
+            c.noise = r.range(0.0, 0.01);
+            c.first_low = r.range(0.0, 0.1) * fixed;
+            c.baseline = fixed * r.range(0.85, 1.0);
+            c.start = [1, 16, 64][(i % 3) as usize];
+            c
+        })
+        .collect()
+}
+
+fn trainer_sweep(sched: impl Fn(u64) -> Schedule, steps: u64, n: u64) -> Vec<String> {
+    let mut failed = Vec::new();
+    for (i, mut c) in trainer_curves(n).into_iter().enumerate() {
+        let sc = sched(i as u64);
+        // A start that runs the first horizon under target: a larger one is the user's to
+        // fix (nothing is measured before it fails), and the simulator's families cover it.
+        let first_view = (1..=1 + TRAINER_HORIZON)
+            .map(|k| sc.len_at(k))
+            .max()
+            .unwrap_or(1);
+        while c.start > 1 && c.own(c.start, first_view) >= 0.85 {
+            c.start -= 1;
+        }
+        let c = &c;
+        let trace = run_trainer(c, sc, steps);
+        let faults = trainer_faults(c, sc, &trace);
+        if !faults.is_empty() {
+            failed.push(format!(
+                "curve {i} (fixed {:.2}, a {:.2e}, b {:.2e}, noise {:.3}, start {}): {}",
+                c.fixed,
+                c.a,
+                c.b,
+                c.noise,
+                c.start,
+                faults.join("; ")
+            ));
+        }
+    }
+    failed
+}
+
+/// The real run's case: 64 → 256 over 60 steps, start 16, fixed 40%, ±1%, through the
+/// trainer's 16-step horizon. It shrank 17 times and grew back near the end of the ramp.
+#[test]
+fn trainer_horizon_ramp_like_the_real_run_moves_one_way() {
+    let c = TrainerCurve::new(0.40, 54.0, 0.3, 256, 7);
+    let sched = Schedule::Ramp {
+        lo: 64,
+        hi: 256,
+        steps: 60,
+    };
+    let trace = run_trainer(&c, sched, 100);
+    if std::env::var("HEADROOM_SIM_TRACE").is_ok() {
+        print_trace(&trace);
+    }
+    let faults = trainer_faults(&c, sched, &trace);
+    assert!(faults.is_empty(), "{faults:#?}");
+    let resizes: usize = trace.iter().map(|t| t.resizes.len()).sum();
+    assert!(resizes <= 12, "{resizes} resizes");
+    let last = trace.last().unwrap();
+    assert!(last.micro_batch as f64 >= 0.9 * 54.0 && last.micro_batch <= 54);
+}
+
+/// Ramps of every steepness through the trainer's horizon, on curves like the real one.
+#[test]
+fn trainer_horizon_ramps_hold_their_plan() {
+    let failed = trainer_sweep(
+        |i| Schedule::Ramp {
+            lo: [32, 64, 128][(i % 3) as usize],
+            hi: 256,
+            steps: [30, 60, 120][(i / 3 % 3) as usize],
+        },
+        150,
+        120,
+    );
+    assert!(failed.is_empty(), "{} of 120: {failed:#?}", failed.len());
+}
+
+/// Random lengths through the trainer's horizon, on curves like the real one.
+#[test]
+fn trainer_horizon_random_lengths_hold_their_plan() {
+    let failed = trainer_sweep(
+        |i| Schedule::Random {
+            lo: [32, 64, 128][(i % 3) as usize],
+            hi: 256,
+            seed: i,
+        },
+        150,
+        120,
+    );
+    assert!(failed.is_empty(), "{} of 120: {failed:#?}", failed.len());
+}
+
+#[test]
+#[ignore]
+fn trainer_horizon_debug_one() {
+    let i: u64 = std::env::var("CURVE").unwrap().parse().unwrap();
+    let mut c = trainer_curves(i + 1).pop().unwrap();
+    let sc = Schedule::Ramp {
+        lo: [32, 64, 128][(i % 3) as usize],
+        hi: 256,
+        steps: [30, 60, 120][(i / 3 % 3) as usize],
+    };
+    let first_view = (1..=1 + TRAINER_HORIZON)
+        .map(|k| sc.len_at(k))
+        .max()
+        .unwrap_or(1);
+    while c.start > 1 && c.own(c.start, first_view) >= 0.85 {
+        c.start -= 1;
+    }
+    print_trace(&run_trainer(&c, sc, 20));
+}

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, never, select, tick, Receiver, Sender, TrySendError};
 use crossterm::event::{self, Event, KeyEventKind};
 use headroom_core::{Command, Level, Notice, RunSummary, Telemetry};
-use ratatui::backend::{Backend, CrosstermBackend};
+use ratatui::backend::{Backend, ClearType, CrosstermBackend};
 use ratatui::Terminal;
 
 use crate::app::{App, Reaction};
@@ -248,7 +248,7 @@ pub fn drive_with<B: Backend>(
             }
             // The shell wrote over the screen meanwhile and the window may have changed
             // size: the next frame is drawn whole.
-            if let Err(e) = terminal.clear() {
+            if let Err(e) = redraw_whole(terminal) {
                 lose_screen(&mut exit, opts, format!("clearing the screen failed: {e}"));
                 break;
             }
@@ -272,6 +272,17 @@ fn lose_screen(exit: &mut DashboardExit, opts: &DashboardOptions, why: String) {
     } else {
         exit.screen_lost = Some(why);
     }
+}
+
+/// Makes the next frame draw every cell, on a cleared screen. Not ratatui's `clear`: it
+/// asks the terminal where the cursor is and gives up after 2 s without an answer (a slow
+/// ssh link, a multiplexer, a test pty), which lost the screen after every Ctrl-Z. Two
+/// swaps reset both buffers, so the next diff is against nothing.
+fn redraw_whole<B: Backend>(terminal: &mut Terminal<B>) -> Result<(), B::Error> {
+    terminal.backend_mut().clear_region(ClearType::All)?;
+    terminal.swap_buffers();
+    terminal.swap_buffers();
+    Ok(())
 }
 
 /// The trainer may be inside a long step: queue, never block.
@@ -304,12 +315,18 @@ impl InputReader {
             .spawn(move || {
                 while !stop_flag.load(Ordering::SeqCst) {
                     match event::poll(Duration::from_millis(50)) {
-                        Ok(true) => {
-                            if tx.send(event::read()).is_err() {
-                                break;
+                        Ok(true) => match event::read() {
+                            // A signal (SIGCONT after a suspend, SIGWINCH) interrupted the
+                            // read: nothing was lost, read again.
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                            ev => {
+                                if tx.send(ev).is_err() {
+                                    break;
+                                }
                             }
-                        }
+                        },
                         Ok(false) => {}
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                         Err(e) => {
                             let _ = tx.send(Err(e));
                             break;

@@ -100,6 +100,14 @@ const ONE_SIZE_NOISE: f64 = 0.02;
 const SETTLED_GAIN: f64 = 0.1;
 /// Clean steps at a size after which an OOM there is not taken as the batch's.
 const SETTLED_STEPS: u32 = 5;
+/// How far (share of the limit) under target less the margin the model must predict the
+/// planned length before a size shrunk for it grows back while that length has not been
+/// measured: less is within what the extrapolation moves by as readings at longer lengths
+/// come in, and growing on it would shrink again as the lengths keep rising.
+const REGROW_ROOM: f64 = 0.05;
+/// Steps before a longer length arrives within which the controller makes room for it
+/// even on a bound (see `forecast`).
+const YOUNG_LEAD: u64 = 3;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ControllerConfig {
@@ -266,9 +274,11 @@ pub struct Controller {
     /// The size grown from, until the first reading at the new size.
     grown_from: Option<usize>,
     upcoming: Option<Upcoming>,
-    /// Why growth holds, said once per reason: the planned length it waits for (0: the
-    /// fixed part is unknown), not once per size (a run that creeps up would repeat it).
-    hold_said: Option<usize>,
+    /// Why growth holds, said once per hold: `(false, 0)` once for an unknown fixed part;
+    /// `(true, size)` for a longer length to come, once per size held at. Not once per
+    /// length: on a ramp the longest length in view grows every step, and a line per step
+    /// would bury everything else.
+    hold_said: Option<(bool, usize)>,
     /// The OOM being retried at the same size (micro-batch, sequence length).
     retrying: Option<(usize, usize)>,
     /// The longest length the controller had been told of before this step.
@@ -277,6 +287,18 @@ pub struct Controller {
     /// reading: the forecast (that same worst case) must not take it back before it runs,
     /// or the run grows and shrinks by one every step.
     probing: bool,
+    /// The micro-batch shrank to make room for a length not yet measured: growth waits
+    /// until that length has run, unless the model shows plain room ([`REGROW_ROOM`]).
+    shrunk_ahead: bool,
+    /// The step whose reading said why growth holds: no growth at it or the next.
+    hold_step: Option<u64>,
+    /// The latest step observed.
+    last_step: u64,
+    /// A longer length came into view at the latest forecast (on a ramp, every step).
+    rising: bool,
+    /// Consecutive readings after which the model showed plain room at the planned length
+    /// for a size shrunk ahead of it (one reading moves a young fit by that much).
+    room_readings: u32,
 }
 
 impl Controller {
@@ -312,6 +334,11 @@ impl Controller {
             retrying: None,
             foreseen: 0,
             probing: false,
+            shrunk_ahead: false,
+            hold_step: None,
+            last_step: 0,
+            rising: false,
+            room_readings: 0,
         }
     }
 
@@ -448,7 +475,20 @@ impl Controller {
             return (per > 0.0).then_some((fixed, per));
         }
         // Too few lengths to fit that: take what tokens cost in readings at (or, scaled,
-        // nearest below) the length asked about.
+        // nearest below) the length asked about. Readings whose token counts differ only
+        // because the length crept (one micro-batch on a ramp) cannot separate the fixed
+        // part from the per-token cost: their fitted slope is noise, and near zero it put
+        // the whole peak in the fixed part and grew 29 to 173 (3.4× the limit). Their
+        // fixed part is the baseline's, as with one size.
+        let (lo_t, hi_t) = self
+            .model
+            .points()
+            .fold((u64::MAX, 0), |(lo, hi), p| (lo.min(p.0), hi.max(p.0)));
+        let fixed = if hi_t * 4 < lo_t * 5 {
+            self.one_size_fixed()
+        } else {
+            fixed
+        };
         let reference = seq_len.min(self.max_seq_seen).max(1);
         let near: Vec<f64> = self
             .model
@@ -707,6 +747,9 @@ impl Controller {
     fn forecast(&mut self, seq_len: usize) -> Vec<Decision> {
         let mut out = Vec::new();
         let unforeseen = seq_len > self.foreseen;
+        // A longer length came into view: on a ramp, one every step.
+        let rising = self.plan_seq(seq_len) > self.foreseen;
+        self.rising = rising;
         self.foreseen = self.foreseen.max(self.plan_seq(seq_len));
         let Some(pred) = self.forecast_usage(self.micro_batch, seq_len) else {
             return out;
@@ -758,12 +801,34 @@ impl Controller {
         let Some(ahead) = self.predicted_usage(self.micro_batch, plan) else {
             return out;
         };
-        if ahead > self.thresholds.warning && may_resize {
+        // Above warning at the longest length in view: make room for it (under target less
+        // the margin). The longest the run feeds, just come into view, must fit under
+        // target itself: the size runs it for good, and one left between target and
+        // warning would be shrunk again by the drift rule once it arrives.
+        let last = self.cfg.max_seq_len > 0 && plan >= self.cfg.max_seq_len;
+        let trigger = if rising && last {
+            self.thresholds.target
+        } else {
+            self.thresholds.warning
+        };
+        // Before the readings span enough lengths to fit what a token costs in a longer
+        // sequence, the cost there is a bound (all of it quadratic), not an estimate: on a
+        // ramp it put the size for a length 16 steps away at 70% of the limit, and the
+        // next readings grew it back. Shrinking for such a length waits for the fit, or
+        // until the length is near; the forecast of each step's own length keeps the
+        // steps before it safe.
+        let bound_only = plan > self.max_seq_seen
+            && self.model.length_fit().is_none()
+            && self
+                .upcoming
+                .is_some_and(|u| u.seq_len == plan && u.step > self.last_step + 1 + YOUNG_LEAD);
+        if ahead > trigger && may_resize && !bound_only {
             let fit = self.fit_target(plan).unwrap_or(0);
             if let Some(mut d) = self.shrink(fit, ResizeReason::Forecast, ahead, plan) {
                 // The next step is shorter: whether the shrink helped cannot be read from
                 // it.
                 self.pending_shrink = None;
+                self.shrunk_ahead = true;
                 if let Decision::Resize { to, predicted, .. } = &mut d {
                     *predicted = self.predicted_usage(*to, plan);
                 }
@@ -781,6 +846,7 @@ impl Controller {
         let t = self.thresholds;
         let first = !self.seen_first;
         self.seen_first = true;
+        self.last_step = self.last_step.max(obs.step);
         self.retrying = None;
         let current = obs.micro_batch == self.micro_batch;
         self.probing &= !current;
@@ -837,6 +903,10 @@ impl Controller {
             }
         }
         let seq = self.plan_seq(obs.seq_len);
+        if self.max_seq_seen >= seq {
+            // The length the size was shrunk for has run: readings check it now.
+            self.shrunk_ahead = false;
+        }
         let may_resize = self.cfg.adaptive && !self.pinned;
         if usage >= t.critical && self.unresponsive {
             // Not the batch's memory: shrinking would only give up throughput. The cache
@@ -962,6 +1032,8 @@ impl Controller {
     /// Growth from a step under target, planned for sequences of `seq`.
     fn grow(&mut self, obs: StepObservation, usage: f64, seq: usize) -> Vec<Decision> {
         let mut out = Vec::new();
+        // While longer lengths keep coming into view, growth keeps the same room as a
+        // shrink for them does (else the next one takes it back).
         let Some(fit) = self.fit_under(self.thresholds.target - self.margin(), seq, true) else {
             return out;
         };
@@ -978,7 +1050,22 @@ impl Controller {
         let bound =
             ((mb as f64 * factor).min(usize::MAX as f64 / 2.0).floor() as usize).max(mb + 1);
         let limit = bound.min(self.cap()).min(self.ceiling_batch(seq));
-        let cand = fit.min(limit);
+        // Shrunk for a length that has not run yet: the model's cost there is an
+        // extrapolation that moves as readings at longer lengths come in. Growing back on
+        // such a move while the lengths keep rising only shrinks again a few steps later:
+        // wait for the length to run, unless the model shows plain room. And a size said
+        // to hold holds at least until the next reading.
+        let plain = self
+            .predicted_usage(mb, seq)
+            .is_some_and(|u| u < self.thresholds.target - self.margin() - REGROW_ROOM);
+        self.room_readings = if plain { self.room_readings + 1 } else { 0 };
+        let waits = (self.shrunk_ahead && seq > self.max_seq_seen && self.room_readings < 2)
+            || self.hold_step.is_some_and(|h| obs.step <= h + 1);
+        let cand = if waits {
+            fit.min(limit).min(mb)
+        } else {
+            fit.min(limit)
+        };
         // Once the fit has been checked against a third size, the last few percent are
         // not worth another adjustment (they are within the fit's own error).
         let min_gain = if self.model.distinct_sizes() >= 3 {
@@ -995,7 +1082,7 @@ impl Controller {
             out.extend(self.resize(cand, ResizeReason::Grow, usage));
             return out;
         }
-        if !fitted && room && limit > mb {
+        if !fitted && room && limit > mb && !waits {
             // Not even one more sequence is predicted under target, but the prediction
             // assumes the worst of the fixed part: probe one more if even that worst
             // case stays under critical.
@@ -1008,8 +1095,8 @@ impl Controller {
                 self.probing = true;
                 return out;
             }
-            if self.hold_said != Some(0) {
-                self.hold_said = Some(0);
+            if self.hold_said != Some((false, 0)) {
+                self.hold_said = Some((false, 0));
                 out.push(Decision::Warning {
                     usage,
                     forecast: true,
@@ -1031,8 +1118,9 @@ impl Controller {
         // Holding for a longer length still to come: say so once.
         if seq > obs.seq_len && cand < mb + gain {
             let now = self.fit_target(obs.seq_len).unwrap_or(0).min(limit.max(mb));
-            if now >= mb + gain && self.hold_said != Some(seq) {
-                self.hold_said = Some(seq);
+            if now >= mb + gain && self.hold_said != Some((true, mb)) {
+                self.hold_said = Some((true, mb));
+                self.hold_step = Some(obs.step);
                 let when = match self.upcoming {
                     Some(u) if u.seq_len == seq => format!("arrives by step {}", u.step),
                     _ => "may come (the longest the run feeds)".to_string(),
@@ -1040,12 +1128,20 @@ impl Controller {
                 out.push(Decision::Warning {
                     usage: self.predicted_usage(mb, seq).unwrap_or(usage),
                     forecast: true,
-                    text: format!(
-                        "holding at {mb}: length {seq} {when} and {} × {seq} is the most that \
-                         fits; {now} would fit length {} now",
-                        fit.max(mb).min(limit.max(mb)),
-                        obs.seq_len
-                    ),
+                    text: if fit.min(limit) > mb {
+                        format!(
+                            "holding at {mb}: length {seq} {when} and has not run yet; {now} \
+                             would fit length {} now",
+                            obs.seq_len
+                        )
+                    } else {
+                        format!(
+                            "holding at {mb}: length {seq} {when} and {} × {seq} is the most \
+                             that fits; {now} would fit length {} now",
+                            fit.max(mb).min(limit.max(mb)),
+                            obs.seq_len
+                        )
+                    },
                 });
             }
         }
