@@ -167,11 +167,15 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
         // The screen is gone (a hang-up, a dead terminal): the run goes on, and ends,
         // headless; a hang-up also asked it to stop, like SIGTERM.
         out::err(&format!("headroom: {why}; continuing headless"));
-        end = headless::run(
-            rx.events.clone(),
-            rx.metrics.clone(),
-            config.run.progress_every,
-        );
+        // Unless the screen had already seen the end: then nothing more will come (and the
+        // sampler still holds the bus, so waiting for the stream to close would hang).
+        if end.summary.is_none() && end.failure.is_none() {
+            end = headless::run(
+                rx.events.clone(),
+                rx.metrics.clone(),
+                config.run.progress_every,
+            );
+        }
     }
 
     drop(sampler);

@@ -274,10 +274,10 @@ pub struct Controller {
     /// The size grown from, until the first reading at the new size.
     grown_from: Option<usize>,
     upcoming: Option<Upcoming>,
-    /// Why growth holds, said once per hold: `(false, 0)` once for an unknown fixed part;
-    /// `(true, size)` for a longer length to come, once per size held at. Not once per
-    /// length: on a ramp the longest length in view grows every step, and a line per step
-    /// would bury everything else.
+    /// Why growth holds, said once per size held at: `(false, size)` for an unknown fixed
+    /// part (once), `(true, size)` for a longer length to come. Not once per length: on a
+    /// ramp the longest length in view grows every step, and a line per step would bury
+    /// everything else.
     hold_said: Option<(bool, usize)>,
     /// The OOM being retried at the same size (micro-batch, sequence length).
     retrying: Option<(usize, usize)>,
@@ -1095,8 +1095,9 @@ impl Controller {
                 self.probing = true;
                 return out;
             }
-            if self.hold_said != Some((false, 0)) {
-                self.hold_said = Some((false, 0));
+            if !matches!(self.hold_said, Some((false, _))) {
+                self.hold_said = Some((false, mb));
+                self.hold_step = Some(obs.step);
                 out.push(Decision::Warning {
                     usage,
                     forecast: true,
@@ -1118,7 +1119,7 @@ impl Controller {
         // Holding for a longer length still to come: say so once.
         if seq > obs.seq_len && cand < mb + gain {
             let now = self.fit_target(obs.seq_len).unwrap_or(0).min(limit.max(mb));
-            if now >= mb + gain && self.hold_said != Some((true, mb)) {
+            if now >= mb + gain && self.hold_said.map(|h| h.1) != Some(mb) {
                 self.hold_said = Some((true, mb));
                 self.hold_step = Some(obs.step);
                 let when = match self.upcoming {
