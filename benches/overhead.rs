@@ -80,6 +80,8 @@ fn headroom(cfg: &RunConfig, dir: &Path) -> f64 {
         .arg(&cfg_path)
         .arg("--log")
         .arg(&log)
+        // Each round replaces the previous round's checkpoints.
+        .arg("--overwrite")
         .output()
         .unwrap();
     assert!(

@@ -51,6 +51,8 @@ fn start(cfg: &RunConfig, dir: &Path, hz: f64) -> Child {
         .arg(&path)
         .arg("--checkpoint-dir")
         .arg(dir.join(format!("ck-{hz}")))
+        // A repeated rate replaces its earlier run's checkpoints.
+        .arg("--overwrite")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

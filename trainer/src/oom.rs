@@ -116,22 +116,8 @@ pub fn held(device: Device) -> (&'static str, String) {
     )
 }
 
-/// On the CPU, allocations from this size up are mmapped (see [`follow_live_tensors`]).
+/// Under a hard cap, allocations from this size up are mmapped (see [`set_hard_limit`]).
 const MMAP_THRESHOLD: i32 = 64 << 10;
-
-/// Makes the resident set follow live tensors on a CPU run. glibc keeps freed memory in
-/// its heap, so after a large step the resident set stays at its high-water mark: a
-/// smaller batch then seems to use as much memory as the large one (the controller took
-/// that for memory held apart from the batch), and a hard cap, which counts the heap's
-/// size, saw every later allocation fail. Served by mmap, a freed tensor goes back to the
-/// kernel at once.
-pub fn follow_live_tensors() -> Result<(), String> {
-    // SAFETY: mallopt only sets a glibc tunable; called before training allocates.
-    if unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) } != 1 {
-        return Err("cannot set glibc's mmap threshold (mallopt)".into());
-    }
-    Ok(())
-}
 
 /// The least a hard-capped budget must leave above the resident set at the start.
 /// Measured: with 6 MiB the sampler's own small allocations failed and the process
@@ -148,7 +134,13 @@ pub fn set_hard_limit(budget: u64) -> Result<u64, String> {
     // (malloc_trim returns pages, not address space): after one step near the cap, every
     // later allocation failed, micro-batch 1 included, while the resident set was half the
     // budget.
-    follow_live_tensors().map_err(|e| format!("{e}, which --hard-limit needs"))?;
+    // Served by mmap, a freed tensor leaves the data segment at once. Not for every CPU
+    // run: each large tensor then comes from fresh pages, and the default model trained
+    // 1.6-1.8x slower (benches/overhead.rs; docs/BENCHMARKS.md).
+    // SAFETY: mallopt only sets a glibc tunable; called before training allocates.
+    if unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) } != 1 {
+        return Err("cannot set glibc's mmap threshold for --hard-limit".into());
+    }
     let rss = peak::status_kib("VmRSS:").ok_or("cannot read VmRSS from /proc/self/status")? * 1024;
     let data =
         peak::status_kib("VmData:").ok_or("cannot read VmData from /proc/self/status")? * 1024;

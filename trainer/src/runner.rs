@@ -496,6 +496,8 @@ struct Trainer {
     corpus: CorpusRecord,
     /// Peak, resizes and OOMs, for the exit summary.
     memory: MemorySummary,
+    /// Tokens per micro-batch of the previous step ([`Trainer::follow_smaller_step`]).
+    last_tokens: usize,
 }
 
 impl Trainer {
@@ -652,6 +654,7 @@ impl Trainer {
             losses_since_eval: (0.0, 0),
             stopped_by_user: false,
             memory: MemorySummary::default(),
+            last_tokens: 0,
         })
     }
 
@@ -703,15 +706,6 @@ impl Trainer {
                 "--memory-budget applies to CPU runs; a CUDA run is measured against the \
                  device's memory",
             ));
-        }
-        if device == Device::Cpu {
-            if let Err(e) = oom::follow_live_tensors() {
-                notices.push(Notice::new(
-                    Level::Warn,
-                    "memory",
-                    format!("{e}: freed memory may stay resident and step peaks over-state"),
-                ));
-            }
         }
         if let (Some(b), Some(rss)) = (budget, crate::peak::status_kib("VmRSS:")) {
             let held = rss * 1024;
@@ -876,6 +870,7 @@ impl Trainer {
         let seq = self.cfg.data.seq_len_at(self.cfg.run.seed, s);
         let forecast = self.controller.before_step_ahead(seq, self.upcoming(s));
         self.apply(bus, s, forecast);
+        self.follow_smaller_step(self.controller.micro_batch() * seq);
         let (plan, out, dt) = loop {
             let plan = StepPlan {
                 seed: self.cfg.run.seed,
@@ -939,6 +934,20 @@ impl Trainer {
             tokens_seen: self.tokens_seen,
         }));
         Ok(())
+    }
+
+    /// On the CPU, glibc keeps the heap a bigger step grew: the resident set, and so the
+    /// step's measured peak, would stay at the old high-water mark, and a smaller batch
+    /// would seem to use as much memory as the bigger one (the controller took that for
+    /// memory held apart from the batch, and collapsed the micro-batch). Before a step
+    /// with fewer tokens than the last, the heap's free pages go back to the kernel, so
+    /// the resident set follows live tensors. Only then: trimming every step would make
+    /// every step fault its pages in again.
+    fn follow_smaller_step(&mut self, tokens: usize) {
+        if self.device == Device::Cpu && tokens < self.last_tokens {
+            let _ = oom::free_cached(self.device);
+        }
+        self.last_tokens = tokens;
     }
 
     /// The longest length the steps after `step` bring within the planning horizon, and

@@ -452,9 +452,9 @@ fn render_allocator(frame: &mut Frame, app: &App, area: Rect) {
         let lines = vec![
             Line::from("No allocator figures: this run is on the CPU."),
             Line::styled(
-                "Freed tensors go back to the OS, so the resident set (host panel) \
-                 follows live tensors: it is what the gauge and the policy watch. \
-                 f returns what the heap still holds.",
+                "The resident set (host panel) is what the gauge and the policy \
+                 watch. When a step shrinks, headroom hands the heap's free pages back \
+                 to the OS first, so it follows live tensors; f does that now.",
                 fg(app, Color::DarkGray),
             ),
         ];
