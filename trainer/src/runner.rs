@@ -954,9 +954,15 @@ impl Trainer {
     /// the first step that brings it: the controller makes room before it arrives.
     fn upcoming(&self, step: u64) -> Upcoming {
         let last = (step + LENGTH_HORIZON).min(self.cfg.run.steps);
+        let len_at = |s: u64| self.cfg.data.seq_len_at(self.cfg.run.seed, s);
+        // From this step's own length: the last steps have nothing after them.
+        let now = Upcoming {
+            seq_len: len_at(step),
+            step,
+        };
         (step + 1..=last)
-            .map(|s| (self.cfg.data.seq_len_at(self.cfg.run.seed, s), s))
-            .fold(Upcoming { seq_len: 0, step }, |best, (len, s)| {
+            .map(|s| (len_at(s), s))
+            .fold(now, |best, (len, s)| {
                 if len > best.seq_len {
                     Upcoming {
                         seq_len: len,
