@@ -208,3 +208,99 @@ fn ctrl_z_gives_the_terminal_back_and_fg_retakes_it() {
         .expect("the run ended");
     assert!(status.success(), "{status:?}");
 }
+
+/// The terminal really goes away (the pty's master closes, as when an ssh link or a tmux
+/// pane dies): the kernel hangs up the session. The run stops with a checkpoint and the
+/// process exits; it used to stop training but never exit, its input thread spinning at
+/// 100% inside crossterm on reads that return nothing.
+#[test]
+fn a_terminal_that_goes_away_ends_the_run_with_a_checkpoint() {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: openpty fills two descriptors; null means default name, termios and size.
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0);
+    // SAFETY: both descriptors were just opened and are owned here.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    // SAFETY: F_SETFD on a descriptor we own (the child must not inherit the master).
+    unsafe { libc::fcntl(master.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
+    let mut cmd = bin();
+    cmd.current_dir(dir.path())
+        .args(["train", "--config"])
+        .arg(fixture("tiny.toml"))
+        .args([
+            "--steps",
+            "100000",
+            "--checkpoint-dir",
+            "ck",
+            "--log",
+            "run.jsonl",
+        ])
+        .env("TERM", "xterm-256color")
+        .stdin(std::fs::File::from(slave.try_clone().unwrap()))
+        .stdout(std::fs::File::from(slave.try_clone().unwrap()))
+        .stderr(std::fs::File::from(slave));
+    // SAFETY: setsid and TIOCSCTTY are async-signal-safe; the pty becomes the child's
+    // controlling terminal, so closing the master hangs up its session.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().unwrap();
+    // Drain what it draws, on a thread that owns its own copy of the master, until told.
+    let reader = std::fs::File::from(master.try_clone().unwrap());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop_reading = std::sync::Arc::clone(&stop);
+    // SAFETY: O_NONBLOCK on a descriptor the thread owns.
+    unsafe { libc::fcntl(reader.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+    let drain = std::thread::spawn(move || {
+        let mut reader = reader;
+        let mut buf = [0u8; 65536];
+        while !stop_reading.load(std::sync::atomic::Ordering::SeqCst) {
+            let _ = std::io::Read::read(&mut reader, &mut buf);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    });
+    let log = dir.path().join("run.jsonl");
+    assert!(wait_for_log(
+        &log,
+        "\"kind\":\"step\"",
+        5,
+        Duration::from_secs(60)
+    ));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    drain.join().unwrap();
+    drop(master); // the last descriptor of the master: the terminal is gone
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("the run did not exit after its terminal went away");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+    let records = read_log(&log);
+    let finished = of_kind(&records, "finished");
+    assert_eq!(finished.len(), 1, "a finished record");
+    let steps = finished[0]["steps_done"].as_u64().unwrap();
+    let saved = of_kind(&records, "checkpoint_saved");
+    assert_eq!(saved.last().unwrap()["step"].as_u64(), Some(steps));
+}

@@ -96,6 +96,10 @@ pub fn run_dashboard(
     // Before the terminal goes back to the shell: a reader still running would swallow
     // the user's next keystrokes.
     input.finish();
+    // ratatui's Terminal shows the cursor when dropped and, when that fails, says so with
+    // `eprintln!`, which panics on a hung-up terminal: the panic ended the process under a
+    // trainer in mid-step. The guard below shows the cursor (ignoring errors) anyway.
+    std::mem::forget(terminal);
     drop(guard);
     result
 }
@@ -310,11 +314,31 @@ impl InputReader {
         let (tx, rx) = bounded(64);
         let stop = Arc::new(AtomicBool::new(false));
         let stop_flag = Arc::clone(&stop);
+        let tty = Tty::open();
         let thread = std::thread::Builder::new()
             .name("input".into())
             .spawn(move || {
                 while !stop_flag.load(Ordering::SeqCst) {
-                    match event::poll(Duration::from_millis(50)) {
+                    // Asked of the terminal itself before crossterm is: once the terminal
+                    // has hung up, crossterm's reader loops forever on reads that return
+                    // nothing (a core at 100% and a join that never returns, seen when
+                    // an ssh link or a tmux pane went away).
+                    if tty
+                        .as_ref()
+                        .is_some_and(|t| t.hung_up(Duration::from_millis(50)))
+                    {
+                        let gone =
+                            io::Error::new(io::ErrorKind::BrokenPipe, "the terminal hung up");
+                        let _ = tx.send(Err(gone));
+                        break;
+                    }
+                    // Zero: the wait was above; this also collects resizes.
+                    let timeout = if tty.is_some() {
+                        Duration::ZERO
+                    } else {
+                        Duration::from_millis(50)
+                    };
+                    match event::poll(timeout) {
                         Ok(true) => match event::read() {
                             // A signal (SIGCONT after a suspend, SIGWINCH) interrupted the
                             // read: nothing was lost, read again.
@@ -341,11 +365,46 @@ impl InputReader {
         })
     }
 
-    /// Stops the reader and waits for it (one poll interval at most).
+    /// Stops the reader and waits for it (one poll interval), but not forever: a reader
+    /// caught inside crossterm when the terminal hung up never comes back, and the run must
+    /// still end. Left behind, it dies with the process.
     fn finish(self) {
         self.stop.store(true, Ordering::SeqCst);
         // A reader blocked on a full channel wakes with an error once this is gone.
         drop(self.events);
-        let _ = self.thread.join();
+        let deadline = Instant::now() + Duration::from_millis(500);
+        while !self.thread.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if self.thread.is_finished() {
+            let _ = self.thread.join();
+        }
+    }
+}
+
+/// The terminal crossterm reads keys from (stdin when it is one, as crossterm chooses),
+/// watched for a hang-up.
+struct Tty {
+    fd: std::os::fd::RawFd,
+}
+
+impl Tty {
+    fn open() -> Option<Tty> {
+        // SAFETY: isatty only inspects the descriptor.
+        (unsafe { libc::isatty(libc::STDIN_FILENO) } == 1).then_some(Tty {
+            fd: libc::STDIN_FILENO,
+        })
+    }
+
+    /// Waits up to `wait` for input; true when the terminal is gone (hung up, closed).
+    fn hung_up(&self, wait: Duration) -> bool {
+        let mut fds = libc::pollfd {
+            fd: self.fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the duration of the call.
+        let n = unsafe { libc::poll(&mut fds, 1, wait.as_millis() as i32) };
+        n > 0 && fds.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
     }
 }
