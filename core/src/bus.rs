@@ -249,15 +249,17 @@ fn gap_notice(sink: &str, lost: u64) -> Telemetry {
 
 fn offer<T>(sink: &Sink<T>, item: T, gap: impl Fn(u64) -> T) -> Offer {
     let h = &sink.health;
-    let unreported = h.unreported.load(Ordering::Relaxed);
+    // Claimed with a swap: the trainer and the sampler send at once, and a count read
+    // then subtracted could be reported twice (and wrap below zero).
+    let unreported = h.unreported.swap(0, Ordering::Relaxed);
     if unreported > 0 {
         // The note of the gap goes first, so a reader sees it where the gap is.
         match sink.tx.try_send(gap(unreported)) {
-            Ok(()) => {
-                h.unreported.fetch_sub(unreported, Ordering::Relaxed);
-            }
+            Ok(()) => {}
             Err(TrySendError::Disconnected(_)) => return Offer::Gone,
-            Err(TrySendError::Full(_)) => {}
+            Err(TrySendError::Full(_)) => {
+                h.unreported.fetch_add(unreported, Ordering::Relaxed);
+            }
         }
     }
     match sink.tx.try_send(item) {
@@ -363,5 +365,49 @@ mod tests {
             matches!(&first, Telemetry::Notice(n) if n.text.starts_with("3 records were lost")),
             "{first:?}"
         );
+    }
+
+    /// Senders on several threads (the trainer and the sampler) stall the same sink:
+    /// every record is either delivered or counted in exactly one gap note. (The swap in
+    /// `offer` closes a window too narrow for this test to hit reliably; the test holds
+    /// the accounting as a whole.)
+    #[test]
+    fn with_several_senders_every_record_is_delivered_or_counted_in_a_gap() {
+        let (bus, rx) = Bus::with_capacities(false, 4, 8, 4);
+        let senders: Vec<_> = (0..2)
+            .map(|_| {
+                let bus = bus.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..20_000 {
+                        bus.send(status());
+                    }
+                })
+            })
+            .collect();
+        let (mut delivered, mut gaps) = (0u64, 0u64);
+        let mut tally = |m: Telemetry| match m {
+            Telemetry::Notice(n) => {
+                gaps += n.text.split(' ').next().unwrap().parse::<u64>().unwrap();
+            }
+            _ => delivered += 1,
+        };
+        while senders.iter().any(|t| !t.is_finished()) {
+            if let Ok(m) = rx.events.try_recv() {
+                tally(m);
+            }
+        }
+        for t in senders {
+            t.join().unwrap();
+        }
+        rx.events.try_iter().for_each(&mut tally);
+        // One more, after the drain, carries any gap not yet told.
+        bus.send(status());
+        rx.events.try_iter().for_each(&mut tally);
+        assert_eq!(
+            delivered + gaps,
+            40_001,
+            "{delivered} delivered, {gaps} in gap notes"
+        );
+        assert_eq!(gaps, bus.sink_losses().screen);
     }
 }
