@@ -111,6 +111,18 @@ fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
     }
 }
 
+/// Runs `cmd` with stderr captured, killed if it has not exited within `timeout`: a hang
+/// (the old behaviour of some of these cases) fails the test instead of holding the suite.
+fn output_within(cmd: &mut std::process::Command, timeout: Duration) -> std::process::Output {
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_exit(&mut child, timeout);
+    child.wait_with_output().unwrap()
+}
+
 fn mkfifo(path: &Path) {
     let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
     // SAFETY: a valid NUL-terminated path.
@@ -169,21 +181,17 @@ fn fifos_without_a_peer_fail_fast_with_the_fix() {
         ),
     ] {
         let start = Instant::now();
-        let mut child = bin()
-            .current_dir(dir.path())
-            .env("HEADROOM_FIFO_WAIT_S", "1")
-            .args(["train", "--headless", "--config"])
-            .arg(fixture("tiny.toml"))
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        // A hang (the old behaviour) fails here instead of holding the suite forever.
-        let status = wait_exit(&mut child, Duration::from_secs(30));
-        let out = child.wait_with_output().unwrap();
+        let out = output_within(
+            bin()
+                .current_dir(dir.path())
+                .env("HEADROOM_FIFO_WAIT_S", "1")
+                .args(["train", "--headless", "--config"])
+                .arg(fixture("tiny.toml"))
+                .args(args),
+            Duration::from_secs(30),
+        );
         let err = stderr(&out);
-        assert_eq!(status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         for n in needles {
             assert!(err.contains(n), "{args:?}: {n:?} missing in {err}");
         }
@@ -370,19 +378,16 @@ fn a_model_too_large_for_memory_is_refused_before_it_is_built() {
         )
         .unwrap();
         let start = Instant::now();
-        let mut child = bin()
-            .current_dir(dir.path())
-            .args(["train", "--headless", "--device", "cpu", "--config"])
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
         // Building it would allocate until the machine gives out: a bounded wait.
-        let status = wait_exit(&mut child, Duration::from_secs(30));
-        let out = child.wait_with_output().unwrap();
+        let out = output_within(
+            bin()
+                .current_dir(dir.path())
+                .args(["train", "--headless", "--device", "cpu", "--config"])
+                .arg(&config),
+            Duration::from_secs(30),
+        );
         let err = stderr(&out);
-        assert_eq!(status.code(), Some(2), "{err}");
+        assert_eq!(out.status.code(), Some(2), "{err}");
         assert!(
             err.contains("too large") && err.contains("n_layer") && err.contains("parameters"),
             "{err}"

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::pty::Pty;
-use common::{bin, fixture, long_tiny_run, of_kind, read_log};
+use common::{bin, fixture, long_tiny_command, long_tiny_run, of_kind, read_log};
 
 fn wait_for_log(log: &Path, needle: &str, count: usize, timeout: Duration) -> bool {
     let start = Instant::now();
@@ -83,23 +83,9 @@ fn a_hangup_on_the_dashboard_stops_the_run_with_a_checkpoint() {
 #[test]
 fn a_second_q_ends_the_process_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cmd = bin();
     // Steps of seconds: the first q alone would wait for one.
-    cmd.current_dir(dir.path())
-        .args(["train", "--config"])
-        .arg(fixture("tiny.toml"))
-        .args([
-            "--steps",
-            "100000",
-            "--batch-size",
-            "8192",
-            "--threads",
-            "1",
-            "--checkpoint-dir",
-            "ck",
-            "--log",
-            "run.jsonl",
-        ]);
+    let mut cmd = long_tiny_command(dir.path());
+    cmd.args(["--batch-size", "8192", "--threads", "1"]);
     let mut pty = Pty::spawn(cmd, 100, 30);
     let log = dir.path().join("run.jsonl");
     assert!(wait_for_log(
@@ -234,19 +220,8 @@ fn a_terminal_that_goes_away_ends_the_run_with_a_checkpoint() {
     let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
     // SAFETY: F_SETFD on a descriptor we own (the child must not inherit the master).
     unsafe { libc::fcntl(master.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
-    let mut cmd = bin();
-    cmd.current_dir(dir.path())
-        .args(["train", "--config"])
-        .arg(fixture("tiny.toml"))
-        .args([
-            "--steps",
-            "100000",
-            "--checkpoint-dir",
-            "ck",
-            "--log",
-            "run.jsonl",
-        ])
-        .env("TERM", "xterm-256color")
+    let mut cmd = long_tiny_command(dir.path());
+    cmd.env("TERM", "xterm-256color")
         .stdin(std::fs::File::from(slave.try_clone().unwrap()))
         .stdout(std::fs::File::from(slave.try_clone().unwrap()))
         .stderr(std::fs::File::from(slave));

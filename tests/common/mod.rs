@@ -55,9 +55,9 @@ pub fn logged_steps(log: &[serde_json::Value]) -> Vec<u64> {
         .collect()
 }
 
-/// The dashboard on a pty over a tiny run that goes on until stopped, logging to
-/// `run.jsonl` and checkpointing to `ck` in `dir`.
-pub fn long_tiny_run(dir: &Path) -> pty::Pty {
+/// `headroom train` on the tiny config in `dir`, far too many steps to finish by itself,
+/// logging to `run.jsonl` and checkpointing to `ck`; more flags may follow.
+pub fn long_tiny_command(dir: &Path) -> Command {
     let mut cmd = bin();
     cmd.current_dir(dir)
         .args(["train", "--config"])
@@ -70,5 +70,10 @@ pub fn long_tiny_run(dir: &Path) -> pty::Pty {
             "--log",
             "run.jsonl",
         ]);
-    pty::Pty::spawn(cmd, 100, 30)
+    cmd
+}
+
+/// The dashboard on a 100×30 pty over [`long_tiny_command`].
+pub fn long_tiny_run(dir: &Path) -> pty::Pty {
+    pty::Pty::spawn(long_tiny_command(dir), 100, 30)
 }

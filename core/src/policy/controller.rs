@@ -1914,6 +1914,44 @@ mod tests {
         assert!(worst * LIMIT as f64 / (limit as f64) < 0.9, "{worst}");
     }
 
+    /// One step as the trainer runs it: told the longest length within `horizon` steps
+    /// of `len`, then observed at the peak `peak` gives. Returns its decisions and peak.
+    fn step_told_ahead(
+        c: &mut Controller,
+        s: u64,
+        horizon: u64,
+        len: &impl Fn(u64) -> usize,
+        peak: &impl Fn(usize, usize) -> u64,
+    ) -> (Vec<Decision>, u64) {
+        let seq = len(s);
+        let upcoming = (s + 1..=s + horizon).fold(
+            Upcoming {
+                seq_len: seq,
+                step: s,
+            },
+            |best, k| {
+                if len(k) > best.seq_len {
+                    Upcoming {
+                        seq_len: len(k),
+                        step: k,
+                    }
+                } else {
+                    best
+                }
+            },
+        );
+        let mut ds = c.before_step_ahead(seq, upcoming);
+        let mb = c.micro_batch();
+        let p = peak(mb, seq);
+        ds.extend(c.observe(StepObservation {
+            step: s,
+            micro_batch: mb,
+            seq_len: seq,
+            peak_bytes: p,
+        }));
+        (ds, p)
+    }
+
     /// Issue 11: random lengths with the trainer's 16-step horizon. Planned for the
     /// horizon's own longest, the size grew when a long length left the horizon and shrank
     /// when the next came in. Planned for the longest told so far, with the cost of a token
@@ -1931,29 +1969,8 @@ mod tests {
         let mut changes = Vec::new();
         let mut worst: f64 = 0.0;
         for s in 1..=200u64 {
-            let seq = len(s);
-            let (mut up, mut at) = (seq, s);
-            for k in s + 1..=s + 16 {
-                if len(k) > up {
-                    (up, at) = (len(k), k);
-                }
-            }
-            let mut ds = c.before_step_ahead(
-                seq,
-                Upcoming {
-                    seq_len: up,
-                    step: at,
-                },
-            );
-            let mb = c.micro_batch();
-            let p = peak(mb, seq);
+            let (ds, p) = step_told_ahead(&mut c, s, 16, &len, &peak);
             worst = worst.max(p as f64 / LIMIT as f64);
-            ds.extend(c.observe(StepObservation {
-                step: s,
-                micro_batch: mb,
-                seq_len: seq,
-                peak_bytes: p,
-            }));
             changes.extend(resizes(&ds).into_iter().map(|r| (s, r)));
         }
         assert!(worst < t.critical, "{worst}");
@@ -1994,29 +2011,8 @@ mod tests {
         let mut worst: f64 = 0.0;
         let mut said = Vec::new();
         for s in 1..=120u64 {
-            let seq = ramp(s);
-            let (mut up, mut at) = (seq, s);
-            for k in s + 1..=s + 80 {
-                if ramp(k) > up {
-                    (up, at) = (ramp(k), k);
-                }
-            }
-            let mut ds = c.before_step_ahead(
-                seq,
-                Upcoming {
-                    seq_len: up,
-                    step: at,
-                },
-            );
-            let mb = c.micro_batch();
-            let p = peak(mb, seq);
+            let (ds, p) = step_told_ahead(&mut c, s, 80, &ramp, &peak);
             worst = worst.max(p as f64 / limit as f64);
-            ds.extend(c.observe(StepObservation {
-                step: s,
-                micro_batch: mb,
-                seq_len: seq,
-                peak_bytes: p,
-            }));
             said.extend(ds.into_iter().filter_map(|d| match d {
                 Decision::Warning { text, .. } if text.starts_with("holding at") => Some(text),
                 _ => None,
