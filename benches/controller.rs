@@ -26,7 +26,9 @@
 //!
 //! Scenarios: `fixed` (every step 64 tokens) and `ramp` (16 → 64 tokens over the first
 //! half of the run): a size found on short sequences runs out of memory later; `wide` and
-//! `wide-ramp` are the same with a second model (2 layers × 384 instead of 4 × 128).
+//! `wide-ramp` are the same with a second model (2 layers × 384 instead of 4 × 128);
+//! `start1` (headroom starts at micro-batch 1) and `soft` (a 600 MiB budget without a cap,
+//! headroom starting at 256), issue 11's two failures.
 //!
 //! Each (strategy, scenario) runs in a child process (this executable, re-executed with
 //! `HEADROOM_BENCH_CONTROLLER=strategy:scenario:steps`), because the cap is process-wide;
@@ -62,7 +64,13 @@ const STEPS_PER_TRIAL: usize = 3;
 const STRATEGIES: [&str; 3] = ["headroom", "lightning", "accelerate"];
 /// `wide*`: the second model, 2 layers × 384 wide (3.6M parameters) instead of the
 /// default 4 × 128 (0.83M): fewer, wider layers, so more memory per token.
-const SCENARIOS: [&str; 4] = ["fixed", "ramp", "wide", "wide-ramp"];
+/// `start1`: fixed lengths, headroom starting at micro-batch 1 (issue 11's first failure:
+/// a large fixed part and one measured size). `soft`: a soft 600 MiB budget (no cap, so
+/// no strategy ever sees an OOM) with headroom starting at the whole effective batch,
+/// 256, far above what fits (issue 11's second failure); the finders, which only react
+/// to OOMs, run unbounded there, and their usage column shows how far past the budget.
+const SCENARIOS: [&str; 6] = ["fixed", "ramp", "wide", "wide-ramp", "start1", "soft"];
+const SOFT_BUDGET: &str = "600MiB";
 
 fn config(scenario: &str, steps: u64) -> RunConfig {
     let mut c = RunConfig::default();
@@ -83,10 +91,18 @@ fn config(scenario: &str, steps: u64) -> RunConfig {
         c.data.min_seq_len = MIN_SEQ_LEN;
         c.data.ramp_steps = (steps / 2).max(1);
     }
-    c.batch.micro_batch = HEADROOM_START;
+    c.batch.micro_batch = match scenario {
+        "start1" => 1,
+        "soft" => EFFECTIVE,
+        _ => HEADROOM_START,
+    };
     c.batch.effective_batch = EFFECTIVE;
     c.memory.memory_budget = BUDGET.into();
     c.memory.hard_limit = true;
+    if scenario == "soft" {
+        c.memory.memory_budget = SOFT_BUDGET.into();
+        c.memory.hard_limit = false;
+    }
     c.validate().expect("the bench config is valid");
     c
 }
@@ -243,7 +259,9 @@ impl Loop {
         let budget = cfg.memory.budget_bytes().unwrap().expect("a budget");
         let meter = PeakMeter::new(Device::Cpu, Some(budget)).expect("a peak meter");
         // After the model and the optimizer, as the runner does.
-        oom::set_hard_limit(budget).expect("the hard limit");
+        if cfg.memory.hard_limit {
+            oom::set_hard_limit(budget).expect("the hard limit");
+        }
         Loop {
             schedule: Schedule::new(&cfg.optim, cfg.run.steps),
             cfg,
@@ -663,7 +681,8 @@ fn main() {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
         "batch-size strategies: default model (0.83M params; `wide`: 3.6M), CPU ({cores} cores), budget \
-         {BUDGET} as a hard cap (RLIMIT_DATA), effective batch {EFFECTIVE}, {steps} \
+         {BUDGET} as a hard cap (RLIMIT_DATA; `soft`: {SOFT_BUDGET} without a cap), effective \
+         batch {EFFECTIVE}, {steps} \
          optimizer steps; fixed = {SEQ_LEN} tokens, ramp = {MIN_SEQ_LEN} → {SEQ_LEN} over \
          {} steps; glibc serves allocations of 64 KiB and up by mmap under the cap (as \
          `--hard-limit` does)",

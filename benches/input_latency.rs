@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
 use crossterm::event::{Event, KeyCode, KeyEvent, KeyModifiers};
-use headroom_core::{Bus, Command, RunConfig, Telemetry};
+use headroom_core::{Bus, Command, Record, RunConfig};
 use headroom_trainer::runner::{self, TrainOptions};
 use headroom_ui::DashboardOptions;
 use ratatui::backend::{Backend, ClearType, TestBackend, WindowSize};
@@ -66,8 +66,8 @@ impl Backend for Recording {
 
 /// Runs the loop until `events` ends, pressing `?` `presses` times; returns latencies.
 fn measure(
-    events: Receiver<Telemetry>,
-    metrics: Receiver<Telemetry>,
+    events: Receiver<Record>,
+    metrics: Receiver<Record>,
     commands: Sender<Command>,
     presses: usize,
     after: impl FnOnce() + Send + 'static,
@@ -93,16 +93,9 @@ fn measure(
     })
     .unwrap();
     let opts = DashboardOptions::from_env("bench");
-    headroom_ui::drive(
-        &mut terminal,
-        &events,
-        metrics,
-        &commands,
-        &AtomicU64::new(0),
-        &keys_rx,
-        &opts,
-    )
-    .unwrap();
+    let feed =
+        headroom_ui::Feed::in_process(events, metrics, commands, Arc::new(AtomicU64::new(0)));
+    headroom_ui::drive(&mut terminal, feed, &keys_rx, &opts).unwrap();
     drop(presser.join().unwrap());
     let flushes = flushes.lock().unwrap();
     let sent = sent.lock().unwrap();
@@ -129,8 +122,8 @@ fn main() {
     let presses = 40;
 
     // Baseline: the loop alone, nothing else running.
-    let (tx, events) = bounded::<Telemetry>(16);
-    let (_mtx, metrics) = bounded::<Telemetry>(16);
+    let (tx, events) = bounded::<Record>(16);
+    let (_mtx, metrics) = bounded::<Record>(16);
     let (cmd_tx, _cmd_rx) = bounded::<Command>(16);
     let base = report(
         "baseline (no trainer)",

@@ -17,9 +17,45 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+// Parsed once per process: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Commands {
     /// Train a byte-level GPT with a live memory dashboard (headless when not a terminal)
     Train(TrainArgs),
+    /// List this user's running runs (each serves its stream on a socket)
+    Ls,
+    /// Open the dashboard on a running run; q detaches and leaves the run going
+    Attach(AttachArgs),
+    /// Open the dashboard on a run's JSONL log (read-only): play, pause, step, jump
+    Replay(ReplayArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct AttachArgs {
+    /// A run's name (or NAME-PID, or its pid) from `headroom ls`, a socket path, or
+    /// HOST:PORT; with none, the only running run (or a choice when there are several)
+    #[arg(value_name = "RUN | SOCKET | HOST:PORT")]
+    pub target: Option<String>,
+    /// The run's token, for HOST:PORT (the run writes it 0600 beside its socket; also
+    /// HEADROOM_TOKEN)
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ReplayArgs {
+    /// The log written with `headroom train --log FILE`
+    #[arg(value_name = "LOG")]
+    pub log: PathBuf,
+    /// Playback speed against the run's own clock (e.g. 10 plays ten times as fast)
+    #[arg(long, default_value_t = 1.0, value_name = "X")]
+    pub speed: f64,
+    /// Keep reading as the log grows (a run still writing it)
+    #[arg(long)]
+    pub follow: bool,
+    /// Start at the end of the log (the final state), instead of playing it
+    #[arg(long)]
+    pub end: bool,
 }
 
 #[derive(Debug, Clone, Default, Args)]
@@ -90,6 +126,10 @@ pub struct TrainArgs {
     /// HEADROOM_INJECT_OOM
     #[arg(long, value_name = "STEP[,STEP...]", value_delimiter = ',')]
     pub inject_oom: Vec<u64>,
+    /// Also serve the stream on TCP: PORT or :PORT (loopback), or HOST:PORT (that address);
+    /// viewers need the token the run writes beside its socket
+    #[arg(long, value_name = "[HOST:]PORT")]
+    pub listen: Option<String>,
 }
 
 /// The step to panic in, from `HEADROOM_INJECT_PANIC` (tests of the trainer-panic path;
@@ -240,6 +280,7 @@ mod tests {
         argv.extend_from_slice(list);
         match Cli::try_parse_from(argv).unwrap().command {
             Commands::Train(a) => a,
+            other => panic!("not a train command: {other:?}"),
         }
     }
 

@@ -4,7 +4,7 @@ use std::io::Write;
 use crossbeam_channel::{select, Receiver};
 use headroom_core::policy::Decision;
 use headroom_core::units::{fmt_bytes, fmt_duration, fmt_split};
-use headroom_core::{Level, RunSummary, StepMetrics, Telemetry};
+use headroom_core::{Level, Record, RunSummary, StepMetrics, Telemetry};
 
 /// What the run ended with, as seen from the telemetry stream.
 #[derive(Debug, Default)]
@@ -128,18 +128,14 @@ impl Progress {
 }
 
 /// Prints progress until the run finishes or fails (or the trainer goes away).
-pub fn run(
-    events: Receiver<Telemetry>,
-    metrics: Receiver<Telemetry>,
-    progress_every: u64,
-) -> StreamEnd {
+pub fn run(events: Receiver<Record>, metrics: Receiver<Record>, progress_every: u64) -> StreamEnd {
     let mut progress = Progress::new(progress_every);
     let mut end = StreamEnd::default();
     let stderr = std::io::stderr();
     loop {
         let msg = select! {
-            recv(events) -> m => match m { Ok(m) => m, Err(_) => break },
-            recv(metrics) -> m => match m { Ok(m) => m, Err(_) => continue },
+            recv(events) -> m => match m { Ok(m) => m.msg, Err(_) => break },
+            recv(metrics) -> m => match m { Ok(m) => m.msg, Err(_) => continue },
         };
         if let Some(line) = progress.line(&msg) {
             let _ = writeln!(stderr.lock(), "{line}");

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use crossbeam_channel::Receiver;
-use headroom_core::{Bus, Level, LogLine, Notice, Telemetry};
+use headroom_core::{Bus, Level, Notice, Record, Telemetry};
 
 pub struct LogWriter {
     thread: JoinHandle<Option<String>>,
@@ -227,22 +227,11 @@ impl PendingLog {
     }
 }
 
-/// Renders one record. The message's own fields sit beside `ts`, `t` and `kind`.
-pub fn render(line: &LogLine) -> String {
-    let mut value = serde_json::to_value(&line.msg)
-        .unwrap_or_else(|e| serde_json::json!({ "kind": "log_error", "error": e.to_string() }));
-    if let Some(obj) = value.as_object_mut() {
-        obj.insert("ts".into(), serde_json::json!(line.ts));
-        obj.insert("t".into(), serde_json::json!(line.t));
-    }
-    value.to_string()
-}
-
 impl LogWriter {
     /// Writes until every sender of `lines` is gone. A write failure (disk full, ...) is
     /// told once on screen through `ui`, then the writer keeps draining without writing,
     /// so the trainer never blocks on a dead log.
-    pub fn start(log: PendingLog, lines: Receiver<LogLine>, ui: Bus) -> LogWriter {
+    pub fn start(log: PendingLog, lines: Receiver<Record>, ui: Bus) -> LogWriter {
         let path = log.path.clone();
         let thread = std::thread::Builder::new()
             .name("log-writer".into())
@@ -274,7 +263,7 @@ impl LogWriter {
                         continue;
                     };
                     let lifecycle = !line.msg.is_high_rate();
-                    let mut res = writeln!(w, "{}", render(&line));
+                    let mut res = writeln!(w, "{}", line.to_line());
                     // Flush on lifecycle events so a crash loses at most a few steps'
                     // figures, never the record of what happened.
                     if res.is_ok() && (lifecycle || lines.is_empty()) {
@@ -428,14 +417,14 @@ mod tests {
 
     #[test]
     fn records_are_flat_objects_with_kind_and_timestamps() {
-        let line = LogLine {
+        let line = Record {
             ts: 1.7e9,
             t: 0.25,
             msg: Telemetry::Status {
                 status: RunStatus::Paused,
             },
         };
-        let v: serde_json::Value = serde_json::from_str(&render(&line)).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line.to_line()).unwrap();
         assert_eq!(v["kind"], "status");
         assert_eq!(v["status"], "paused");
         assert_eq!(v["t"], 0.25);

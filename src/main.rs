@@ -1,10 +1,16 @@
 //! `headroom`: wires the trainer thread, the sampler, the log writer and the screen.
 mod cli;
+mod client;
+mod conn;
 mod headless;
 mod logger;
+mod ls;
 mod out;
+mod rundir;
 mod sampler;
+mod server;
 mod signals;
+mod watch;
 
 use std::io::IsTerminal;
 use std::path::Path;
@@ -26,6 +32,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Commands::Train(args) => train(args),
+        Commands::Ls => watch::ls(),
+        Commands::Attach(args) => watch::attach(args),
+        Commands::Replay(args) => watch::replay(args),
     };
     match result {
         Ok(code) => code,
@@ -88,7 +97,11 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
         .map(|p| logger::open(p, &inputs, &checkpoint_dir, fifo_wait()))
         .transpose()?;
 
-    let (bus, mut rx) = Bus::new(log_file.is_some());
+    // Checked before anything starts: a bad --listen is the user's to fix now.
+    if let Some(l) = &args.listen {
+        server::parse_listen(l).map_err(|e| anyhow::anyhow!(e))?;
+    }
+    let (bus, mut rx) = Bus::with_sinks(log_file.is_some(), true);
     let (cmd_tx, cmd_rx) = bounded::<Command>(64);
     let no_screen = screen_unavailable(&args);
     let headless = no_screen.is_some();
@@ -129,6 +142,7 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
         (Some(log), Some(lines)) => Some(logger::LogWriter::start(log, lines, bus.ui_only())),
         _ => None,
     };
+    let server = serve(&config.run.name, &args, &mut rx, &cmd_tx, &bus);
     let sampler = sampler::Sampler::start(bus.clone(), trainer.cuda_index(), config.run.sample_hz);
     let flags = signals::Flags::default();
     signals::forward(
@@ -136,6 +150,7 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
         flags.clone(),
         !headless,
         trainer.checkpoint_dir().to_path_buf(),
+        server.as_ref().map(|s| s.addresses().socket.clone()),
     )?;
 
     let mut end = if headless {
@@ -161,6 +176,9 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
             "headroom: quit without waiting for the step in progress; {}",
             signals::last_checkpoint_text(trainer.checkpoint_dir())
         ));
+        if let Some(s) = &server {
+            s.abandon();
+        }
         std::process::exit(130);
     }
     if let Some(why) = end.screen_lost.take() {
@@ -184,6 +202,10 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
     let losses = bus.sink_losses();
     drop(bus);
     let log_error = log_writer.and_then(|w| w.finish(Duration::from_secs(5)));
+    if let Some(server) = server {
+        // Attached viewers get the last records (the run's end) before the socket goes.
+        server.finish(Duration::from_secs(2));
+    }
     if let Some(e) = &log_error {
         out::err(&format!("headroom: warning: {e}"));
     }
@@ -226,13 +248,13 @@ fn dashboard(
         suspend: Arc::clone(&flags.suspend),
         ..headroom_ui::DashboardOptions::from_env(name)
     };
-    let exit = headroom_ui::run_dashboard(
+    let feed = headroom_ui::Feed::in_process(
         rx.events.clone(),
         rx.metrics.clone(),
         commands.clone(),
         bus.dropped_counter(),
-        opts,
     );
+    let exit = headroom_ui::run_dashboard(feed, opts);
     match exit {
         Ok(exit) => StreamEnd {
             summary: exit.summary,
@@ -249,6 +271,52 @@ fn dashboard(
             screen_lost: Some(format!("the dashboard failed ({e})")),
             ..StreamEnd::default()
         },
+    }
+}
+
+/// Serves the run's stream on its socket (and TCP when asked). A run that cannot serve
+/// still trains: the reason is told on screen and in the log.
+fn serve(
+    name: &str,
+    args: &TrainArgs,
+    rx: &mut headroom_core::BusReceivers,
+    commands: &Sender<Command>,
+    bus: &Bus,
+) -> Option<server::Server> {
+    let records = rx.serve.take()?;
+    let opts = server::ServeOptions {
+        run_name: name.to_string(),
+        listen: args.listen.clone(),
+        producer: "headroom train".into(),
+    };
+    let notice = |level, text: String| {
+        bus.send(headroom_core::Telemetry::Notice(
+            headroom_core::Notice::new(level, "serve", text),
+        ))
+    };
+    match server::Server::start(&opts, records, commands.clone(), bus.without_viewers()) {
+        Ok(s) => {
+            let a = s.addresses();
+            let mut text = format!(
+                "serving on {} (attach with: headroom attach {name})",
+                a.socket.display()
+            );
+            if let (Some(tcp), Some(token)) = (a.tcp, &a.token_file) {
+                text += &format!(
+                    "; also on tcp {tcp} (token in {}: headroom attach {tcp} --token-file FILE)",
+                    token.display()
+                );
+            }
+            notice(headroom_core::Level::Info, text);
+            Some(s)
+        }
+        Err(e) => {
+            notice(
+                headroom_core::Level::Warn,
+                format!("not serving the stream ({e}); the run goes on, but `headroom attach` cannot reach it"),
+            );
+            None
+        }
     }
 }
 

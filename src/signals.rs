@@ -28,11 +28,13 @@ pub struct Flags {
 
 /// Starts the thread that turns signals into commands and flags. `screen`: the dashboard
 /// owns the terminal (then SIGTSTP is handled and a forced exit restores the terminal).
+/// `socket`: the run's stream socket, removed by a forced exit.
 pub fn forward(
     commands: Sender<Command>,
     flags: Flags,
     screen: bool,
     checkpoints: PathBuf,
+    socket: Option<PathBuf>,
 ) -> Result<()> {
     let mut wanted = vec![SIGINT, SIGTERM, SIGQUIT, SIGHUP];
     if screen {
@@ -55,6 +57,9 @@ pub fn forward(
                     }
                     _ => {
                         if flags.stop.swap(true, Ordering::SeqCst) {
+                            if let Some(s) = &socket {
+                                crate::rundir::remove_run(s);
+                            }
                             exit_now(screen && !flags.hangup.load(Ordering::SeqCst), &checkpoints);
                         }
                         let _ = commands.try_send(Command::Stop);

@@ -6,6 +6,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::pty::tail;
 use common::{long_tiny_run, of_kind};
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use headroom_core::policy::Thresholds;
@@ -65,15 +66,6 @@ fn q_stops_with_a_checkpoint_and_restores_the_terminal() {
     let finished = common::of_kind(&log, "finished");
     assert_eq!(finished.len(), 1);
     assert_eq!(finished[0]["stopped_by_user"], true);
-}
-
-fn tail(s: &str) -> &str {
-    let start = s.len().saturating_sub(2000);
-    let mut i = start;
-    while !s.is_char_boundary(i) {
-        i += 1;
-    }
-    &s[i..]
 }
 
 /// Issue 4's end-to-end check: on a real pty, the threshold editor's keys change one

@@ -15,6 +15,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 
+use crate::record::Record;
 use crate::telemetry::{Level, Notice, Telemetry};
 
 /// Room for lifecycle events: far more than a run produces between two frames.
@@ -24,16 +25,6 @@ const METRIC_CAPACITY: usize = 512;
 /// The log writer keeps up with disk speed; this absorbs bursts (seconds of the fastest
 /// run the flood test drives).
 const LOG_CAPACITY: usize = 8192;
-
-/// A log record: the message plus when it was sent.
-#[derive(Debug, Clone)]
-pub struct LogLine {
-    /// Seconds since the Unix epoch.
-    pub ts: f64,
-    /// Seconds since the bus was created (the run's start).
-    pub t: f64,
-    pub msg: Telemetry,
-}
 
 /// How one sink fared: what it lost while it stalled.
 #[derive(Debug, Default)]
@@ -78,9 +69,11 @@ enum Offer {
 
 #[derive(Clone)]
 pub struct Bus {
-    events: Sink<Telemetry>,
-    metrics: Sender<Telemetry>,
-    log: Option<Sink<LogLine>>,
+    events: Sink<Record>,
+    metrics: Sender<Record>,
+    log: Option<Sink<Record>>,
+    /// The stream server's hub, which fans records out to attached viewers.
+    serve: Option<Sink<Record>>,
     started: Instant,
     dropped: Arc<AtomicU64>,
 }
@@ -88,11 +81,13 @@ pub struct Bus {
 pub struct BusReceivers {
     /// Lifecycle events and decisions; lost only while the screen is stalled, and then
     /// followed by a notice saying how many.
-    pub events: Receiver<Telemetry>,
+    pub events: Receiver<Record>,
     /// Steps and samples; may have gaps, see [`Bus::dropped`].
-    pub metrics: Receiver<Telemetry>,
+    pub metrics: Receiver<Record>,
     /// Every message, stamped; `None` unless a log was asked for.
-    pub log: Option<Receiver<LogLine>>,
+    pub log: Option<Receiver<Record>>,
+    /// Every message, stamped, for the stream server; `None` unless serving.
+    pub serve: Option<Receiver<Record>>,
 }
 
 /// Per sink, records that had to be kept but were lost because the sink stalled.
@@ -100,11 +95,23 @@ pub struct BusReceivers {
 pub struct SinkLosses {
     pub screen: u64,
     pub log: u64,
+    pub viewers: u64,
 }
 
 impl Bus {
     pub fn new(with_log: bool) -> (Bus, BusReceivers) {
         Bus::with_capacities(with_log, EVENT_CAPACITY, METRIC_CAPACITY, LOG_CAPACITY)
+    }
+
+    /// [`Bus::new`], with a sink for the stream server when `serve` is true.
+    pub fn with_sinks(with_log: bool, serve: bool) -> (Bus, BusReceivers) {
+        let (mut bus, mut rx) = Bus::new(with_log);
+        if serve {
+            let (sink, srx) = Sink::new(LOG_CAPACITY);
+            bus.serve = Some(sink);
+            rx.serve = Some(srx);
+        }
+        (bus, rx)
     }
 
     /// [`Bus::new`] with chosen queue sizes (tests make stalls quick to reach).
@@ -126,6 +133,7 @@ impl Bus {
             events,
             metrics: mtx,
             log: log_sink,
+            serve: None,
             started: Instant::now(),
             dropped: Arc::new(AtomicU64::new(0)),
         };
@@ -133,49 +141,64 @@ impl Bus {
             events: erx,
             metrics: mrx,
             log: log_rx,
+            serve: None,
         };
         (bus, rx)
     }
 
     /// Hands `msg` to every sink without ever waiting.
     pub fn send(&self, msg: Telemetry) {
+        let record = self.stamp(msg);
         if let Some(log) = &self.log {
-            // Steps go to the log losslessly (the log is the run's record); samples and
-            // segment maps are sensor readings and may be dropped like on screen.
-            let lossless = !matches!(msg, Telemetry::Sample(_) | Telemetry::Segments(_));
-            let line = self.stamp(msg.clone());
-            if lossless {
-                let first =
-                    self.offer_lossless(log, line, |lost| self.stamp(gap_notice("log", lost)));
-                if first {
-                    self.tell_screen(Notice::new(
-                        Level::Warn,
-                        "log",
-                        "the log's reader stopped reading: records are being lost (counted; \
-                         the log gets a note of the gap when it reads again); training goes on",
-                    ));
-                }
-            } else if let Err(TrySendError::Full(_)) = log.tx.try_send(line) {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
-            }
+            self.offer_record(log, "log", "the log's reader", record.clone());
         }
-        if msg.is_high_rate() {
-            if let Err(TrySendError::Full(_)) = self.metrics.try_send(msg) {
+        if let Some(serve) = &self.serve {
+            self.offer_record(serve, "viewers", "the stream server", record.clone());
+        }
+        if record.msg.is_high_rate() {
+            if let Err(TrySendError::Full(_)) = self.metrics.try_send(record) {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
             }
         } else {
-            let first = self.offer_lossless(&self.events, msg, |lost| gap_notice("screen", lost));
+            let first = self.offer_lossless(&self.events, record, |lost| {
+                self.stamp(gap_notice("screen", lost))
+            });
             if first {
-                if let Some(log) = &self.log {
-                    let note = Notice::new(
-                        Level::Warn,
-                        "ui",
-                        "the screen stopped reading: its events are being lost (counted); \
-                         training goes on",
-                    );
-                    let _ = log.tx.try_send(self.stamp(Telemetry::Notice(note)));
+                let note = Notice::new(
+                    Level::Warn,
+                    "ui",
+                    "the screen stopped reading: its events are being lost (counted); \
+                     training goes on",
+                );
+                let note = self.stamp(Telemetry::Notice(note));
+                for sink in [&self.log, &self.serve].into_iter().flatten() {
+                    let _ = sink.tx.try_send(note.clone());
                 }
             }
+        }
+    }
+
+    /// A record sink (the log, the viewers' hub): steps go to it losslessly (the log is
+    /// the run's record, and a viewer's charts are drawn from it); samples and segment
+    /// maps are sensor readings and may be dropped like on screen.
+    fn offer_record(&self, sink: &Sink<Record>, name: &str, reader: &str, record: Record) {
+        let lossless = !matches!(record.msg, Telemetry::Sample(_) | Telemetry::Segments(_));
+        if !lossless {
+            if let Err(TrySendError::Full(_)) = sink.tx.try_send(record) {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            return;
+        }
+        let first = self.offer_lossless(sink, record, |lost| self.stamp(gap_notice(name, lost)));
+        if first {
+            self.tell_screen(Notice::new(
+                Level::Warn,
+                name,
+                format!(
+                    "{reader} stopped reading: records are being lost (counted; the {name} \
+                     gets a note of the gap when it reads again); training goes on"
+                ),
+            ));
         }
     }
 
@@ -188,13 +211,15 @@ impl Bus {
     }
 
     fn tell_screen(&self, notice: Notice) {
-        let _ = offer(&self.events, Telemetry::Notice(notice), |lost| {
-            gap_notice("screen", lost)
-        });
+        let _ = offer(
+            &self.events,
+            self.stamp(Telemetry::Notice(notice)),
+            |lost| self.stamp(gap_notice("screen", lost)),
+        );
     }
 
-    fn stamp(&self, msg: Telemetry) -> LogLine {
-        LogLine {
+    fn stamp(&self, msg: Telemetry) -> Record {
+        Record {
             ts: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_secs_f64())
@@ -213,6 +238,20 @@ impl Bus {
         }
     }
 
+    /// A bus that reaches the screen and the log but not the viewers: for the stream
+    /// server's own notices, which must not feed back into the hub it drains.
+    pub fn without_viewers(&self) -> Bus {
+        Bus {
+            serve: None,
+            ..self.clone()
+        }
+    }
+
+    /// Seconds since the run's start, on the clock records are stamped with.
+    pub fn elapsed(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
     /// High-rate messages dropped so far because a consumer lagged.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
@@ -229,6 +268,10 @@ impl Bus {
             screen: self.events.health.lost.load(Ordering::Relaxed),
             log: self
                 .log
+                .as_ref()
+                .map_or(0, |l| l.health.lost.load(Ordering::Relaxed)),
+            viewers: self
+                .serve
                 .as_ref()
                 .map_or(0, |l| l.health.lost.load(Ordering::Relaxed)),
         }
@@ -335,7 +378,7 @@ mod tests {
         let notices: Vec<_> = rx
             .events
             .try_iter()
-            .filter(|m| matches!(m, Telemetry::Notice(n) if n.source == "log"))
+            .filter(|m| matches!(&m.msg, Telemetry::Notice(n) if n.source == "log"))
             .collect();
         assert_eq!(notices.len(), 1, "{notices:?}");
         // The log reads again: the gap is written where it happened, before what follows.
@@ -360,7 +403,7 @@ mod tests {
         assert_eq!(bus.sink_losses().screen, 3);
         assert_eq!(rx.events.try_iter().count(), 2);
         bus.send(status());
-        let first = rx.events.try_recv().unwrap();
+        let first = rx.events.try_recv().unwrap().msg;
         assert!(
             matches!(&first, Telemetry::Notice(n) if n.text.starts_with("3 records were lost")),
             "{first:?}"
@@ -393,16 +436,16 @@ mod tests {
         };
         while senders.iter().any(|t| !t.is_finished()) {
             if let Ok(m) = rx.events.try_recv() {
-                tally(m);
+                tally(m.msg);
             }
         }
         for t in senders {
             t.join().unwrap();
         }
-        rx.events.try_iter().for_each(&mut tally);
+        rx.events.try_iter().for_each(|r| tally(r.msg));
         // One more, after the drain, carries any gap not yet told.
         bus.send(status());
-        rx.events.try_iter().for_each(&mut tally);
+        rx.events.try_iter().for_each(|r| tally(r.msg));
         assert_eq!(
             delivered + gaps,
             40_001,

@@ -6,12 +6,15 @@ pub mod bus;
 pub mod command;
 pub mod config;
 pub mod policy;
+pub mod protocol;
+pub mod record;
 pub mod segments;
 pub mod telemetry;
 pub mod units;
 
-pub use bus::{Bus, BusReceivers, LogLine, SinkLosses};
+pub use bus::{Bus, BusReceivers, SinkLosses};
 pub use command::Command;
 pub use config::{ConfigError, DeviceChoice, RunConfig};
+pub use record::{BadRecord, Record};
 pub use segments::{BlockRun, Segment, SegmentMap};
 pub use telemetry::*;

@@ -82,14 +82,14 @@ impl Family {
     fn floor(self) -> u32 {
         match self {
             Family::FixedClean => 79,
-            Family::FixedNoBaseline => 57,
-            Family::FixedHeap => 59,
-            Family::FixedCache => 69,
-            Family::FixedOutside => 45,
+            Family::FixedNoBaseline => 69,
+            Family::FixedHeap => 52,
+            Family::FixedCache => 72,
+            Family::FixedOutside => 65,
             Family::FixedLimitDrop => 69,
-            Family::Ramp => 88,
-            Family::Random => 78,
-            Family::RandomHeap => 13,
+            Family::Ramp => 87,
+            Family::Random => 79,
+            Family::RandomHeap => 42,
         }
     }
 
@@ -472,6 +472,13 @@ fn run<P: Policy>(c: &Curve) -> Outcome {
                 seq_len: seq,
                 peak_bytes: (measured.max(0.0) * LIMIT as f64) as u64,
             });
+            if tracing() && !std::any::type_name::<P>().contains("Old") {
+                println!(
+                    "step {step:3} mb {mb:5} seq {seq:4} usage {measured:.4} (own {own:.4}) \
+                     feasible {}: {ds:?}",
+                    c.feasible_at(step)
+                );
+            }
             record(&ds, step, &mut cache, &mut resizes);
             if let Some(ct) = p.ceiling_tokens() {
                 if ct <= seq as u64 {
@@ -575,6 +582,18 @@ fn run<P: Policy>(c: &Curve) -> Outcome {
     o
 }
 
+/// `HEADROOM_SIM_CURVE_TRACE=17` runs only curve 17 of each family (with
+/// `HEADROOM_SIM_ONLY`, of one) and prints every step of the new controller.
+fn trace_index() -> Option<u64> {
+    std::env::var("HEADROOM_SIM_CURVE_TRACE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+}
+
+fn tracing() -> bool {
+    trace_index().is_some()
+}
+
 fn curves_per_family() -> u64 {
     std::env::var("HEADROOM_SIM_CURVES")
         .ok()
@@ -628,6 +647,9 @@ fn simulated_curves_old_against_new() {
     {
         let (mut old, mut new) = (Tally::default(), Tally::default());
         for i in 0..per {
+            if trace_index().is_some_and(|t| t != i) {
+                continue;
+            }
             let c = Curve::generate(fam, i);
             let o = run::<OldController>(&c);
             old.add(&o);

@@ -143,3 +143,12 @@ impl Drop for Pty {
         }
     }
 }
+
+/// The last 2000 bytes of a screen's output (cut at a character boundary), for messages.
+pub fn tail(s: &str) -> &str {
+    let mut i = s.len().saturating_sub(2000);
+    while !s.is_char_boundary(i) {
+        i += 1;
+    }
+    &s[i..]
+}

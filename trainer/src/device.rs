@@ -91,7 +91,7 @@ mod tests {
             assert_eq!(dev, Device::Cuda(0));
         } else {
             assert_eq!(dev, Device::Cpu);
-            let Ok(Telemetry::Notice(n)) = rx.events.try_recv() else {
+            let Ok(Telemetry::Notice(n)) = rx.events.try_recv().map(|r| r.msg) else {
                 panic!("expected a notice")
             };
             assert!(n.text.contains("training on CPU"));

@@ -102,7 +102,7 @@ fn live_commands_steer_the_controller_and_invalid_thresholds_are_refused() {
     let until_applied = |cmd: &Command| -> (Vec<Telemetry>, String) {
         let mut seen = Vec::new();
         loop {
-            match rx.events.recv_timeout(Duration::from_secs(30)).unwrap() {
+            match rx.events.recv_timeout(Duration::from_secs(30)).unwrap().msg {
                 Telemetry::CommandApplied { command, applied } if &command == cmd => {
                     return (seen, applied)
                 }
@@ -189,7 +189,12 @@ fn live_commands_steer_the_controller_and_invalid_thresholds_are_refused() {
     tx.send(Command::Resume).unwrap();
     let mut sizes = Vec::new();
     while sizes.len() < 2 {
-        if let Telemetry::Step(s) = rx.metrics.recv_timeout(Duration::from_secs(30)).unwrap() {
+        if let Telemetry::Step(s) = rx
+            .metrics
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap()
+            .msg
+        {
             sizes.push((s.micro_batch, s.accum_steps));
         }
     }
@@ -222,7 +227,7 @@ fn varying_sequence_lengths_are_trained_and_measured() {
     let mut lens = Vec::new();
     let mut memory = Vec::new();
     for m in rx.metrics.try_iter() {
-        match m {
+        match m.msg {
             Telemetry::Step(s) => {
                 assert_eq!(s.seq_len, cfg.data.seq_len_at(cfg.run.seed, s.step));
                 assert!(s.loss.is_finite());

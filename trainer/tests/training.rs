@@ -431,11 +431,19 @@ fn commands_are_answered_with_what_was_applied() {
     tx.send(Command::Resume).unwrap();
     assert_eq!(next_event(&rx.events), status(RunStatus::Running));
     expect_applied(&rx.events, Command::Resume, "resumed at step 1");
-    let mut first = rx.metrics.recv_timeout(Duration::from_secs(30)).unwrap();
+    let mut first = rx
+        .metrics
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap()
+        .msg;
     if let Telemetry::StepMemory(m) = &first {
         // The step's memory comes just before its metrics.
         assert_eq!(m.step, 1);
-        first = rx.metrics.recv_timeout(Duration::from_secs(30)).unwrap();
+        first = rx
+            .metrics
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap()
+            .msg;
     }
     assert!(
         matches!(first, Telemetry::Step(ref s) if s.step == 1),
@@ -459,7 +467,7 @@ fn commands_are_answered_with_what_was_applied() {
     assert!(summary.stopped_by_user);
     assert!(summary.steps_done >= saved_step && summary.steps_done < 10_000);
 
-    let rest: Vec<Telemetry> = rx.events.try_iter().collect();
+    let rest: Vec<Telemetry> = rx.events.try_iter().map(|r| r.msg).collect();
     let kinds: Vec<&str> = rest.iter().map(|e| e.kind()).collect();
     assert_eq!(kinds.last(), Some(&"finished"), "{kinds:?}");
     assert!(rest.contains(&status(RunStatus::Finished)));
@@ -499,7 +507,7 @@ fn schedule_is_part_of_the_run() {
     let handle = runner::spawn(opts(cfg, dir.path(), None), bus, cmd_rx).unwrap();
     handle.join().unwrap();
     for m in rx.metrics.try_iter() {
-        if let Telemetry::Step(s) = m {
+        if let Telemetry::Step(s) = m.msg {
             assert_eq!(s.lr, sched.lr_at(s.step));
             assert!(s.tokens_per_s > 0.0 && s.grad_norm > 0.0);
         }
@@ -525,14 +533,14 @@ fn default_config_benchmark() {
     let mut times = Vec::new();
     loop {
         crossbeam_channel::select! {
-            recv(rx.metrics) -> m => if let Ok(Telemetry::Step(s)) = m {
+            recv(rx.metrics) -> m => if let Ok(Telemetry::Step(s)) = m.map(|r| r.msg) {
                 times.push(s.step_time_s);
                 if s.step % 25 == 0 {
                     eprintln!("step {:4} loss {:.4} lr {:.2e} gnorm {:.3} {:.0} tok/s",
                         s.step, s.loss, s.lr, s.grad_norm, s.tokens_per_s);
                 }
             },
-            recv(rx.events) -> e => match e {
+            recv(rx.events) -> e => match e.map(|r| r.msg) {
                 Ok(Telemetry::Eval(ev)) => eprintln!("eval step {} val {:.4} train {:.4}",
                     ev.step, ev.val_loss, ev.train_loss),
                 Ok(Telemetry::Finished(_)) | Err(_) => break,

@@ -4,23 +4,30 @@ use std::collections::VecDeque;
 
 use headroom_core::units::{fmt_bytes, fmt_duration};
 use headroom_core::{
-    Command, EvalMetrics, Level, RunInfo, RunStatus, RunSummary, SegmentMap, StepMetrics,
+    Command, EvalMetrics, Level, Record, RunInfo, RunStatus, RunSummary, SegmentMap, StepMetrics,
     SystemSample, Telemetry,
 };
 
 use crate::editor::{next_profile, EditStatus, ThresholdEditor};
+use crate::feed::{Link, ReplayControl};
 use crate::history::{History, Merge};
-use crate::keys::{Action, KeyContext};
+use crate::keys::{dashboard_context, Action, KeyContext};
+use crate::mode::{LinkView, Mode, ReplayView};
 use crate::policy::{is_refusal, PolicyState};
 
 /// Points kept per chart; halving keeps the whole run in this budget.
 const HISTORY_POINTS: usize = 512;
 /// Entries kept in the event log.
 const EVENT_LOG_LEN: usize = 500;
+/// A state change and the confirmation of the command that caused it are sent back to
+/// back; records this close in the run's time are one happening.
+const SAME_HAPPENING_S: f64 = 0.25;
+/// What a command key says in a replay.
+pub const READ_ONLY: &str = "commands are disabled in a replay: it only shows the log";
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct LogEntry {
-    /// Seconds since the dashboard started.
+    /// The run's time (seconds since its start) of the record that made it.
     pub t: f64,
     pub level: Level,
     pub text: String,
@@ -81,6 +88,10 @@ pub enum Reaction {
     Exit,
     /// Hand the terminal back and stop the process until the shell continues it.
     Suspend,
+    /// Leave an attached view; the run goes on.
+    Detach,
+    /// Steer the replay.
+    Replay(ReplayControl),
 }
 
 /// The panel keys like arrows act on; drawn with a highlighted border.
@@ -166,10 +177,13 @@ pub struct App {
     pub loss: History,
     /// Validation loss by step.
     pub val_loss: History,
-    /// Memory in use by elapsed seconds (see [`MemoryNow`]).
+    /// Memory in use by the run's seconds (see [`MemoryNow`]).
     pub memory: History,
     pub events: VecDeque<LogEntry>,
+    /// The header's clock: the run's seconds as the screen last set them.
     pub elapsed: f64,
+    /// The run's time of the newest record applied; `None` before the first.
+    pub run_t: Option<f64>,
     pub dropped: u64,
     pub show_help: bool,
     /// The full-screen event list, every entry in full.
@@ -182,6 +196,14 @@ pub struct App {
     pub policy: PolicyState,
     /// The threshold editor, while it is open.
     pub editor: Option<ThresholdEditor>,
+    /// In-process, attached or replay: decides what `q` does and which keys act.
+    pub mode: Mode,
+    /// The connection to the run (attached views).
+    pub link: LinkView,
+    /// Where a replay is (replays), as given at each frame.
+    pub replay: Option<ReplayView>,
+    /// "stop the run? y/n" is asked (attached views).
+    pub confirm_stop: bool,
 }
 
 impl App {
@@ -203,6 +225,7 @@ impl App {
             memory: History::new(HISTORY_POINTS, Merge::Max),
             events: VecDeque::with_capacity(EVENT_LOG_LEN),
             elapsed: 0.0,
+            run_t: None,
             dropped: 0,
             show_help: false,
             show_events: false,
@@ -211,15 +234,89 @@ impl App {
             window: Window::FiveMinutes,
             policy: PolicyState::new(HISTORY_POINTS),
             editor: None,
+            mode: Mode::InProcess,
+            link: LinkView::Up,
+            replay: None,
+            confirm_stop: false,
         }
     }
 
-    /// Which meaning keys have right now: the editor is modal.
-    pub fn key_context(&self) -> KeyContext {
-        match self.editor {
-            Some(_) => KeyContext::ThresholdEditor,
-            None => KeyContext::Dashboard,
+    pub fn with_mode(mut self, mode: Mode) -> App {
+        self.mode = mode;
+        self
+    }
+
+    /// Starts the run's state afresh for a catch-up that follows (a reconnect, a log that
+    /// restarted), keeping how the user looks at it: mode, link, focus, window, overlays.
+    pub fn reset_run(&mut self) {
+        let mut fresh = App::new(&self.run_name, self.color);
+        fresh.mode = std::mem::take(&mut self.mode);
+        fresh.link = std::mem::take(&mut self.link);
+        fresh.replay = self.replay;
+        fresh.show_help = self.show_help;
+        fresh.show_events = self.show_events;
+        fresh.focus = self.focus;
+        fresh.window = self.window;
+        fresh.dropped = self.dropped;
+        *self = fresh;
+    }
+
+    /// News of the connection: shown, and a reconnect starts the run's state afresh (its
+    /// catch-up follows).
+    pub fn apply_link(&mut self, news: &Link) {
+        match news {
+            Link::Connected { run_id } => {
+                if self.run_t.is_some() || !self.link.is_up() {
+                    self.reset_run();
+                }
+                self.link = LinkView::Up;
+                let text = match self.mode {
+                    Mode::Replay { .. } => format!("replaying from the start: {run_id}"),
+                    _ => format!("connected to run {run_id}"),
+                };
+                self.log(Level::Info, text);
+            }
+            Link::Lost { reason } => {
+                self.link = LinkView::Lost {
+                    reason: reason.clone(),
+                    retry: None,
+                };
+                self.confirm_stop = false;
+                self.editor = None;
+                self.log(Level::Warn, format!("connection lost: {reason}"));
+            }
+            Link::Retrying { attempt, in_s } => {
+                let reason = match &self.link {
+                    LinkView::Lost { reason, .. } => reason.clone(),
+                    _ => "not connected".to_string(),
+                };
+                self.link = LinkView::Lost {
+                    reason,
+                    retry: Some((*attempt, *in_s)),
+                };
+            }
+            Link::Closed { reason } => {
+                self.link = LinkView::Closed {
+                    reason: reason.clone(),
+                };
+                self.confirm_stop = false;
+                self.editor = None;
+                self.log(Level::Warn, format!("connection closed: {reason}"));
+            }
         }
+    }
+
+    /// Which meaning keys have right now: the editor and the y/n question are modal.
+    pub fn key_context(&self) -> KeyContext {
+        match (&self.editor, self.confirm_stop) {
+            (_, true) => KeyContext::ConfirmStop,
+            (Some(_), _) => KeyContext::ThresholdEditor,
+            (None, _) => dashboard_context(&self.mode),
+        }
+    }
+
+    pub fn set_replay(&mut self, view: Option<ReplayView>) {
+        self.replay = view;
     }
 
     /// Time is given, not read, so rendering is deterministic under test.
@@ -242,18 +339,32 @@ impl App {
     }
 
     /// Whether a command sent now would be acted on: the trainer reads commands between
-    /// steps, and none once it is stopping or gone.
+    /// steps, and none once it is stopping or gone, or while the link to it is down. A
+    /// replay has no run to command.
     pub fn takes_commands(&self) -> bool {
-        !self.is_over() && !self.is_stopping()
+        !self.is_over() && !self.is_stopping() && self.link.is_up() && !self.mode.is_replay()
     }
 
+    /// A record of the run: its state folded in at the run's own time, so a catch-up
+    /// burst spreads over the charts as the run lived it.
+    pub fn apply_record(&mut self, record: &Record) {
+        self.run_t = Some(self.run_t.map_or(record.t, |t| t.max(record.t)));
+        self.apply_at(record.t, &record.msg);
+    }
+
+    /// A message at the header's time (the screen's own notices, tests).
     pub fn apply(&mut self, msg: &Telemetry) {
-        if let Some((level, text)) = self.policy.apply(self.elapsed, msg) {
-            self.log_echo(level, text, echo_of(msg));
+        self.apply_at(self.elapsed, msg);
+    }
+
+    fn apply_at(&mut self, t: f64, msg: &Telemetry) {
+        if let Some((level, text)) = self.policy.apply(t, msg) {
+            self.log_at(t, level, text, echo_of(msg));
         }
         match msg {
             Telemetry::RunStarted(info) => {
-                self.log(
+                self.log_t(
+                    t,
                     Level::Info,
                     format!(
                         "run '{}' started on {} ({:.2}M parameters, steps {}..{})",
@@ -273,7 +384,8 @@ impl App {
             }
             Telemetry::Eval(e) => {
                 self.val_loss.push(e.step as f64, e.val_loss);
-                self.log(
+                self.log_t(
+                    t,
                     Level::Info,
                     format!(
                         "eval at step {}: val {:.4}, train {:.4}",
@@ -285,24 +397,25 @@ impl App {
             Telemetry::Sample(s) => {
                 self.sample = Some(s.clone());
                 if let Some(m) = self.memory_now() {
-                    self.memory.push(self.elapsed, m.used as f64);
+                    self.memory.push(t, m.used as f64);
                 }
             }
             Telemetry::Segments(map) => self.segments = Some(map.clone()),
             Telemetry::Status { status } => {
                 self.status = *status;
-                self.log_echo(
+                self.log_at(
+                    t,
                     Level::Info,
                     format!("status: {}", status.label()),
                     echo_of(msg),
                 );
             }
-            Telemetry::Notice(n) => self.log(n.level, format!("[{}] {}", n.source, n.text)),
+            Telemetry::Notice(n) => self.log_t(t, n.level, format!("[{}] {}", n.source, n.text)),
             Telemetry::CheckpointSaved { step, path } => {
-                self.log(Level::Info, format!("checkpoint at step {step}: {path}"))
+                self.log_t(t, Level::Info, format!("checkpoint at step {step}: {path}"))
             }
             Telemetry::CommandApplied { command, applied } => {
-                self.command_applied(command, applied)
+                self.command_applied(t, command, applied)
             }
             Telemetry::ThresholdsChanged { thresholds, .. } => {
                 // The values sent are in force: the edit is done.
@@ -319,7 +432,8 @@ impl App {
                 } else {
                     "completed"
                 };
-                self.log(
+                self.log_t(
+                    t,
                     Level::Info,
                     format!("run {how} at step {}/{}", s.steps_done, s.total_steps),
                 );
@@ -328,7 +442,7 @@ impl App {
             Telemetry::Failed { reason } => {
                 self.status = RunStatus::Failed;
                 self.failure = Some(reason.clone());
-                self.log(Level::Error, format!("run failed: {reason}"));
+                self.log_t(t, Level::Error, format!("run failed: {reason}"));
             }
             _ => {}
         }
@@ -336,10 +450,21 @@ impl App {
 
     /// Applies a key's action; the caller sends the command, if any.
     pub fn handle(&mut self, action: Action) -> Reaction {
+        if self.confirm_stop {
+            return self.handle_confirm(action);
+        }
         if let Some(reaction) = self.handle_editor(action) {
             return reaction;
         }
+        if self.mode.is_replay() && sends_command(action) {
+            self.say_read_only();
+            return Reaction::Nothing;
+        }
         match action {
+            // A viewer leaves; the run goes on. Once it is over there is nothing to leave
+            // running: closing is all `q` does.
+            Action::Quit if self.mode.is_attached() && !self.is_over() => Reaction::Detach,
+            Action::Quit if self.mode != Mode::InProcess => Reaction::Exit,
             Action::Quit if self.stop_requested || self.is_over() => Reaction::Exit,
             Action::Quit => {
                 self.stop_requested = true;
@@ -423,6 +548,14 @@ impl App {
             Action::DoubleBatch => self.pin_at(|n| n.saturating_mul(2)),
             Action::HalveBatch => self.pin_at(|n| n / 2),
             Action::FreeCache if self.takes_commands() => Reaction::Send(Command::FreeCache),
+            Action::StopRun if self.mode.is_attached() && self.takes_commands() => {
+                self.confirm_stop = true;
+                self.show_help = false;
+                self.editor = None;
+                Reaction::Nothing
+            }
+            Action::Replay(control) if self.mode.is_replay() => Reaction::Replay(control),
+            Action::StopRun | Action::Replay(_) | Action::Confirm(_) => Reaction::Nothing,
             // A finished run takes no commands; the editor's keys need the editor.
             Action::EditThresholds
             | Action::CycleProfile
@@ -433,14 +566,14 @@ impl App {
         }
     }
 
-    fn command_applied(&mut self, command: &Command, applied: &str) {
+    fn command_applied(&mut self, t: f64, command: &Command, applied: &str) {
         if !is_refusal(applied) {
-            if !self.merge_answer(command, applied) {
-                self.log(Level::Info, applied);
+            if !self.merge_answer(t, command, applied) {
+                self.log_t(t, Level::Info, applied);
             }
             return;
         }
-        self.log(Level::Warn, applied);
+        self.log_t(t, Level::Warn, applied);
         // A refused threshold change is shown where it was made, with the draft kept so
         // it can be fixed; the old values stay in force (nothing was confirmed).
         let threshold_change = matches!(
@@ -461,16 +594,15 @@ impl App {
 
     /// Folds a command's confirmation into the entry that announced its effect a moment
     /// before (the same frame: the trainer sends both back to back), if there is one.
-    fn merge_answer(&mut self, command: &Command, applied: &str) -> bool {
+    fn merge_answer(&mut self, now: f64, command: &Command, applied: &str) -> bool {
         let Some(answers) = Answers::of(command) else {
             return false;
         };
-        let now = self.elapsed;
         let found = self
             .events
             .iter_mut()
             .take(4)
-            .take_while(|e| e.t == now)
+            .take_while(|e| (e.t - now).abs() <= SAME_HAPPENING_S)
             .find(|e| e.echo.as_ref().is_some_and(|echo| echo.answers == answers));
         let Some(entry) = found else {
             return false;
@@ -502,6 +634,43 @@ impl App {
         }
     }
 
+    /// The answer to "stop the run? y/n": only `y` sends the stop.
+    fn handle_confirm(&mut self, action: Action) -> Reaction {
+        match action {
+            Action::Confirm(true) => {
+                self.confirm_stop = false;
+                if !self.takes_commands() {
+                    return Reaction::Nothing;
+                }
+                self.stop_requested = true;
+                self.log(
+                    Level::Info,
+                    "stop requested: the run finishes the step and checkpoints (q detaches)",
+                );
+                Reaction::Send(Command::Stop)
+            }
+            Action::Confirm(false) | Action::Back => {
+                self.confirm_stop = false;
+                self.log(Level::Info, "stop cancelled: the run goes on");
+                Reaction::Nothing
+            }
+            Action::Quit => {
+                self.confirm_stop = false;
+                self.handle(Action::Quit)
+            }
+            Action::Suspend => Reaction::Suspend,
+            _ => Reaction::Nothing,
+        }
+    }
+
+    /// Said once per press, and never twice in a row in the log.
+    pub fn say_read_only(&mut self) {
+        if self.events.front().is_some_and(|e| e.text == READ_ONLY) {
+            return;
+        }
+        self.log(Level::Warn, READ_ONLY);
+    }
+
     /// Keys of the threshold editor; `None` when it is not open.
     fn handle_editor(&mut self, action: Action) -> Option<Reaction> {
         let (over, help) = (self.is_over(), self.show_help);
@@ -526,11 +695,16 @@ impl App {
         Some(Reaction::Nothing)
     }
 
+    /// An entry of the screen's own, at the header's time.
     fn log(&mut self, level: Level, text: impl Into<String>) {
-        self.log_echo(level, text.into(), None);
+        self.log_at(self.elapsed, level, text.into(), None);
     }
 
-    fn log_echo(&mut self, level: Level, text: String, echo: Option<Echo>) {
+    fn log_t(&mut self, t: f64, level: Level, text: impl Into<String>) {
+        self.log_at(t, level, text.into(), None);
+    }
+
+    fn log_at(&mut self, t: f64, level: Level, text: String, echo: Option<Echo>) {
         if self.events.len() == EVENT_LOG_LEN {
             self.events.pop_back();
         }
@@ -539,7 +713,7 @@ impl App {
             self.event_scroll = (self.event_scroll + 1).min(EVENT_LOG_LEN - 1);
         }
         self.events.push_front(LogEntry {
-            t: self.elapsed,
+            t,
             level,
             text,
             echo,
@@ -619,6 +793,22 @@ impl App {
             None => format!("{} · {}", info.device, info.device_name),
         }
     }
+}
+
+/// Whether a key's action would send the run a command (in some state of the run).
+fn sends_command(action: Action) -> bool {
+    matches!(
+        action,
+        Action::TogglePause
+            | Action::Checkpoint
+            | Action::EditThresholds
+            | Action::CycleProfile
+            | Action::TogglePin
+            | Action::DoubleBatch
+            | Action::HalveBatch
+            | Action::FreeCache
+            | Action::StopRun
+    )
 }
 
 /// The entry a message makes that a command's confirmation would repeat, if any.

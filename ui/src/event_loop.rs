@@ -3,19 +3,21 @@
 //! per tick (the frame cap) or right after a key, so a flood of messages never turns into
 //! a flood of frames, and a busy trainer never delays a key.
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, never, select, tick, Receiver, Sender, TrySendError};
+use crossbeam_channel::{bounded, never, select, tick, Receiver, TryRecvError, TrySendError};
 use crossterm::event::{self, Event, KeyEventKind};
-use headroom_core::{Command, Level, Notice, RunSummary, Telemetry};
+use headroom_core::{Command, Level, Notice, Record, RunSummary, Telemetry};
 use ratatui::backend::{Backend, ClearType, CrosstermBackend};
 use ratatui::Terminal;
 
 use crate::app::{App, Reaction};
+use crate::feed::{Control, Feed, Link};
 use crate::keys::action_for;
+use crate::mode::{LinkView, Mode, ReplayView};
 use crate::terminal::{NoTerminal, Suspend, TerminalGuard};
 use crate::view::render;
 
@@ -39,6 +41,8 @@ pub struct DashboardOptions {
     /// Set on SIGHUP: the terminal is gone. The loop returns at the next frame tick
     /// without drawing again, so the run can go on without a screen.
     pub hangup: Arc<AtomicBool>,
+    /// In the run's process, attached to it, or replaying its log.
+    pub mode: Mode,
 }
 
 impl DashboardOptions {
@@ -51,6 +55,7 @@ impl DashboardOptions {
             close_on_finish: false,
             suspend: Arc::new(AtomicBool::new(false)),
             hangup: Arc::new(AtomicBool::new(false)),
+            mode: Mode::InProcess,
         }
     }
 }
@@ -67,32 +72,19 @@ pub struct DashboardExit {
     /// Drawing on or reading the terminal failed (a dead tty answers EIO), and why. As
     /// with a hang-up, the run itself is untouched.
     pub screen_lost: Option<String>,
+    /// An attached viewer left a run that goes on.
+    pub detached: bool,
 }
 
 /// Runs the dashboard until the run has ended and the user closes the screen (or, with
 /// `close_on_finish`, until it finishes), the trainer goes away, the user force-quits, or
 /// the terminal is lost. The terminal is restored before this returns, whatever happens.
-pub fn run_dashboard(
-    events: Receiver<Telemetry>,
-    metrics: Receiver<Telemetry>,
-    commands: Sender<Command>,
-    dropped: Arc<AtomicU64>,
-    opts: DashboardOptions,
-) -> io::Result<DashboardExit> {
+pub fn run_dashboard(feed: Feed, opts: DashboardOptions) -> io::Result<DashboardExit> {
     let mut guard = TerminalGuard::enter()?;
     let mut terminal = Terminal::new(CrosstermBackend::new(io::stdout()))?;
 
     let input = InputReader::spawn()?;
-    let result = drive_with(
-        &mut terminal,
-        &events,
-        metrics,
-        &commands,
-        &dropped,
-        &input.events,
-        &opts,
-        &mut guard,
-    );
+    let result = drive_with(&mut terminal, feed, &input.events, &opts, &mut guard);
     // Before the terminal goes back to the shell: a reader still running would swallow
     // the user's next keystrokes.
     input.finish();
@@ -110,55 +102,97 @@ pub fn run_dashboard(
 /// back; [`drive_with`] takes one.
 pub fn drive<B: Backend>(
     terminal: &mut Terminal<B>,
-    events: &Receiver<Telemetry>,
-    metrics: Receiver<Telemetry>,
-    commands: &Sender<Command>,
-    dropped: &AtomicU64,
+    feed: Feed,
     input: &Receiver<io::Result<Event>>,
     opts: &DashboardOptions,
 ) -> io::Result<DashboardExit> {
-    drive_with(
-        terminal,
-        events,
-        metrics,
-        commands,
-        dropped,
-        input,
-        opts,
-        &mut NoTerminal,
-    )
+    drive_with(terminal, feed, input, opts, &mut NoTerminal)
+}
+
+/// The run's clock as the records tell it: the newest record's time, moving on with the
+/// wall clock since it arrived while the run is live (a paused run's clock runs too; an
+/// ended run's or a lost link's stops).
+#[derive(Debug, Default)]
+struct RunClock {
+    latest: Option<(f64, Instant)>,
+}
+
+impl RunClock {
+    fn saw(&mut self, t: f64, at: Instant) {
+        if self.latest.is_none_or(|(seen, _)| t >= seen) {
+            self.latest = Some((t, at));
+        }
+    }
+
+    fn at(&self, now: Instant, running: bool) -> f64 {
+        match self.latest {
+            Some((t, _)) if !running => t,
+            Some((t, arrived)) => t + now.saturating_duration_since(arrived).as_secs_f64(),
+            None => 0.0,
+        }
+    }
 }
 
 /// [`drive`], with `host` handing the terminal back while the process is suspended.
-#[allow(clippy::too_many_arguments)]
 pub fn drive_with<B: Backend>(
     terminal: &mut Terminal<B>,
-    events: &Receiver<Telemetry>,
-    mut metrics: Receiver<Telemetry>,
-    commands: &Sender<Command>,
-    dropped: &AtomicU64,
+    feed: Feed,
     input: &Receiver<io::Result<Event>>,
     opts: &DashboardOptions,
     host: &mut dyn Suspend,
 ) -> io::Result<DashboardExit> {
-    let mut app = App::new(&opts.run_name, opts.color);
+    let Feed {
+        mut events,
+        mut metrics,
+        dropped,
+        control,
+        mut link,
+    } = feed;
+    let mut app = App::new(&opts.run_name, opts.color).with_mode(opts.mode.clone());
     let frames = tick(opts.frame_interval);
-    let mut events = events.clone();
-    let started = Instant::now();
+    let mut clock = RunClock::default();
     let mut exit = DashboardExit::default();
     let mut dirty = true;
     loop {
         let mut draw_now = false;
         let mut suspend_now = false;
+        // Link news before records: it says which picture the records after it belong
+        // to (see the ordering contract in `feed`).
+        loop {
+            match link.try_recv() {
+                Ok(news) => {
+                    on_link(
+                        &mut app, &mut exit, &mut clock, &events, &metrics, &link, news,
+                    );
+                    dirty = true;
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    link = never();
+                    break;
+                }
+            }
+        }
         select! {
             recv(input) -> ev => match ev {
                 Ok(Ok(Event::Key(key))) if key.kind != KeyEventKind::Release => {
                     if let Some(action) = action_for(key, app.key_context()) {
                         match app.handle(action) {
                             Reaction::Nothing => {}
-                            Reaction::Send(cmd) => send_command(&mut app, commands, cmd),
+                            Reaction::Send(cmd) => send_command(&mut app, &control, cmd),
+                            Reaction::Replay(c) => {
+                                if let Control::Replay(replay) = &control {
+                                    // The replay thread takes controls between records;
+                                    // a full queue means it has plenty to do already.
+                                    let _ = replay.control.try_send(c);
+                                }
+                            }
                             Reaction::Exit => {
-                                exit.force_quit = !app.is_over();
+                                exit.force_quit = opts.mode == Mode::InProcess && !app.is_over();
+                                break;
+                            }
+                            Reaction::Detach => {
+                                exit.detached = true;
                                 break;
                             }
                             Reaction::Suspend => suspend_now = true,
@@ -176,51 +210,58 @@ pub fn drive_with<B: Backend>(
                 }
                 Err(_) => return Err(io::Error::other("terminal input reader stopped")),
             },
-            recv(events) -> msg => match msg {
-                Ok(msg) => {
-                    app.apply(&msg);
+            // Woken here; handled above, before the next record.
+            recv(link) -> news => match news {
+                Ok(news) => {
+                    on_link(&mut app, &mut exit, &mut clock, &events, &metrics, &link, news);
                     dirty = true;
-                    match msg {
-                        Telemetry::Finished(s) => {
-                            let how = if s.stopped_by_user { "stopped" } else { "finished" };
-                            exit.summary = Some(s);
-                            // `q` here asked to leave: the stop it sent has landed. Only a
-                            // run that ended on its own (or was stopped from elsewhere)
-                            // keeps its final charts for the user to read.
-                            if opts.close_on_finish || app.stop_requested {
-                                break;
-                            }
-                            // The final charts stay, as a failed run's screen does.
-                            app.apply(&Telemetry::Notice(Notice::new(
-                                Level::Info,
-                                "ui",
-                                format!("the run {how}: q closes the screen (the summary is printed after)"),
-                            )));
-                        }
-                        // The screen stays, with the reason and the state the run failed
-                        // in, until the user has read it (`q`).
-                        Telemetry::Failed { reason } => {
-                            exit.failure = Some(reason);
-                            app.apply(&Telemetry::Notice(Notice::new(
-                                Level::Error,
-                                "ui",
-                                "the run failed: q closes the screen (the reason is printed again)",
-                            )));
-                        }
-                        _ => {}
+                }
+                Err(_) => link = never(),
+            },
+            recv(events) -> rec => match rec {
+                Ok(rec) => {
+                    on_record(&mut app, &mut clock, &rec);
+                    dirty = true;
+                    if ended(&mut app, &mut exit, opts, rec.msg) {
+                        break;
                     }
                 }
-                // After the run ended the trainer is gone by design; otherwise it left
-                // without a last word, and main reports its join result.
-                Err(_) if app.is_over() => events = never(),
-                Err(_) => break,
+                // In-process, after the run ended the trainer is gone by design; otherwise
+                // it left without a last word, and main reports its join result.
+                Err(_) if opts.mode == Mode::InProcess && !app.is_over() => break,
+                // A viewer keeps the last picture: the client says why in a `Closed` (or
+                // has not: said here), a replay at its end says so itself.
+                Err(_) => {
+                    events = never();
+                    if opts.mode.is_attached() && app.link.is_up() && !app.is_over() {
+                        app.apply_link(&Link::Closed { reason: "the stream ended".into() });
+                    }
+                    dirty = true;
+                }
             },
-            recv(metrics) -> msg => match msg {
-                Ok(msg) => { app.apply(&msg); dirty = true; }
+            recv(metrics) -> rec => match rec {
+                Ok(rec) => {
+                    on_record(&mut app, &mut clock, &rec);
+                    dirty = true;
+                }
                 Err(_) => metrics = never(),
             },
             recv(frames) -> _ => {
-                let now = started.elapsed().as_secs_f64();
+                let now_instant = Instant::now();
+                let now = match &control {
+                    Control::Replay(replay) => {
+                        let state = replay.snapshot();
+                        let position = state.position_at(now_instant);
+                        let view = ReplayView::of(&state, position);
+                        let moved = app.replay.is_none_or(|old| !old.looks_like(&view));
+                        app.set_replay(Some(view));
+                        dirty |= moved;
+                        position
+                    }
+                    Control::Commands(_) => {
+                        clock.at(now_instant, !app.is_over() && app.link.is_up())
+                    }
+                };
                 let n_dropped = dropped.load(Ordering::Relaxed);
                 // The header's clock and the drop counter change with no telemetry at all
                 // (a paused run, a stalled sampler); redraw for them too.
@@ -229,7 +270,12 @@ pub fn drive_with<B: Backend>(
                 app.set_elapsed(now);
                 app.set_dropped(n_dropped);
                 draw_now = dirty || clock_moved || drops_moved;
-                if app.is_over() && opts.signalled.load(Ordering::SeqCst) {
+                // A signal closes an ended run's screen, and any viewer's: only the
+                // in-process screen leaves the signal to the trainer.
+                if opts.signalled.load(Ordering::SeqCst)
+                    && (app.is_over() || opts.mode != Mode::InProcess)
+                {
+                    exit.detached = opts.mode.is_attached() && !app.is_over();
                     break;
                 }
                 suspend_now |= opts.suspend.swap(false, Ordering::SeqCst);
@@ -269,6 +315,94 @@ pub fn drive_with<B: Backend>(
     Ok(exit)
 }
 
+fn on_record(app: &mut App, clock: &mut RunClock, rec: &Record) {
+    app.apply_record(rec);
+    clock.saw(rec.t, Instant::now());
+}
+
+/// News of the link. Before a `Lost` or `Closed` is shown, what the connection queued
+/// before it goes into the last picture (while no newer link news waits: records after a
+/// quick `Connected` belong to the next picture). A `Connected` starts the run's state
+/// afresh for its catch-up.
+fn on_link(
+    app: &mut App,
+    exit: &mut DashboardExit,
+    clock: &mut RunClock,
+    events: &Receiver<Record>,
+    metrics: &Receiver<Record>,
+    link: &Receiver<Link>,
+    news: Link,
+) {
+    match &news {
+        Link::Lost { .. } | Link::Closed { .. } => {
+            for queue in [events, metrics] {
+                while link.is_empty() {
+                    let Ok(rec) = queue.try_recv() else { break };
+                    on_record(app, clock, &rec);
+                }
+            }
+        }
+        Link::Connected { .. } if app.run_t.is_some() || !app.link.is_up() => {
+            *clock = RunClock::default();
+            exit.summary = None;
+            exit.failure = None;
+        }
+        _ => {}
+    }
+    if let (Link::Lost { .. }, LinkView::Closed { .. }) = (&news, &app.link) {
+        return;
+    }
+    app.apply_link(&news);
+}
+
+/// The run's end, if `msg` says it ended: noted for the exit, said on screen. True when the
+/// screen should close now.
+fn ended(app: &mut App, exit: &mut DashboardExit, opts: &DashboardOptions, msg: Telemetry) -> bool {
+    let closes = match opts.mode {
+        Mode::InProcess => "q closes the screen (the summary is printed after)",
+        Mode::Attached { .. } => "q closes the screen",
+        Mode::Replay { .. } => "q closes the replay",
+    };
+    match msg {
+        Telemetry::Finished(s) => {
+            let how = if s.stopped_by_user {
+                "stopped"
+            } else {
+                "finished"
+            };
+            exit.summary = Some(s);
+            // `q` here asked to leave: the stop it sent has landed. Only a run that ended
+            // on its own (or was stopped from elsewhere, or from a viewer, which stays)
+            // keeps its final charts for the user to read.
+            if opts.close_on_finish || (app.stop_requested && opts.mode == Mode::InProcess) {
+                return true;
+            }
+            // The final charts stay, as a failed run's screen does.
+            app.apply(&Telemetry::Notice(Notice::new(
+                Level::Info,
+                "ui",
+                format!("the run {how}: {closes}"),
+            )));
+        }
+        // The screen stays, with the reason and the state the run failed in, until the
+        // user has read it (`q`).
+        Telemetry::Failed { reason } => {
+            exit.failure = Some(reason);
+            let again = match opts.mode {
+                Mode::InProcess => "q closes the screen (the reason is printed again)",
+                _ => closes,
+            };
+            app.apply(&Telemetry::Notice(Notice::new(
+                Level::Error,
+                "ui",
+                format!("the run failed: {again}"),
+            )));
+        }
+        _ => {}
+    }
+    false
+}
+
 /// The terminal failed under the loop: a hang-up if one was signalled, else said why.
 fn lose_screen(exit: &mut DashboardExit, opts: &DashboardOptions, why: String) {
     if opts.hangup.load(Ordering::SeqCst) {
@@ -289,8 +423,13 @@ fn redraw_whole<B: Backend>(terminal: &mut Terminal<B>) -> Result<(), B::Error> 
     Ok(())
 }
 
-/// The trainer may be inside a long step: queue, never block.
-fn send_command(app: &mut App, commands: &Sender<Command>, cmd: Command) {
+/// The trainer may be inside a long step: queue, never block. A replay has no run to
+/// send to (its keys say so before this; this is the last guard).
+fn send_command(app: &mut App, control: &Control, cmd: Command) {
+    let commands = match control {
+        Control::Commands(tx) => tx,
+        Control::Replay(_) => return app.say_read_only(),
+    };
     if let Err(TrySendError::Full(cmd)) = commands.try_send(cmd) {
         // Said on screen: a key that silently did nothing would read as a hung trainer.
         let text = format!(

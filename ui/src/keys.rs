@@ -5,6 +5,9 @@
 //! which [`KeyContext`] a key arrives in.
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 
+use crate::feed::ReplayControl;
+use crate::mode::Mode;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
     /// Stop gracefully; a second one while stopping quits without waiting.
@@ -45,6 +48,12 @@ pub enum Action {
     AdjustThreshold(i32),
     /// Editor: validate the draft and send it.
     ApplyThresholds,
+    /// Attached: stop the run, once confirmed (`q` only detaches there).
+    StopRun,
+    /// The answer to "stop the run? y/n".
+    Confirm(bool),
+    /// Replay: steer the replay (its keys take the batch keys' places).
+    Replay(ReplayControl),
 }
 
 /// Where a key arrives: the same key means different things in the editor.
@@ -52,6 +61,12 @@ pub enum Action {
 pub enum KeyContext {
     Dashboard,
     ThresholdEditor,
+    /// A viewer attached over a socket: the dashboard's keys, and `S` to stop the run.
+    Attached,
+    /// "stop the run? y/n" is asked: only `y` stops it.
+    ConfirmStop,
+    /// A replayed log: read-only, with the replay's own controls.
+    Replay,
 }
 
 pub fn action_for(key: KeyEvent, context: KeyContext) -> Option<Action> {
@@ -69,6 +84,31 @@ pub fn action_for(key: KeyEvent, context: KeyContext) -> Option<Action> {
     match context {
         KeyContext::Dashboard => dashboard_action(key.code),
         KeyContext::ThresholdEditor => editor_action(key.code),
+        // Shift-s: stopping someone's run from a viewer is deliberate, and asks first.
+        KeyContext::Attached => match key.code {
+            KeyCode::Char('S') => Some(Action::StopRun),
+            code => dashboard_action(code),
+        },
+        KeyContext::ConfirmStop => match key.code {
+            KeyCode::Char('y') | KeyCode::Char('Y') => Some(Action::Confirm(true)),
+            KeyCode::Char('n') | KeyCode::Char('N') | KeyCode::Esc => Some(Action::Confirm(false)),
+            KeyCode::Char('q') | KeyCode::Char('Q') => Some(Action::Quit),
+            _ => None,
+        },
+        KeyContext::Replay => replay_action(key.code),
+    }
+}
+
+/// A replay takes no commands, so the pause and batch keys steer the replay instead; the
+/// other command keys still map, so that pressing one says why it does nothing.
+fn replay_action(code: KeyCode) -> Option<Action> {
+    match code {
+        KeyCode::Char('p') | KeyCode::Char(' ') => Some(Action::Replay(ReplayControl::TogglePause)),
+        KeyCode::Char('n') | KeyCode::Char('.') => Some(Action::Replay(ReplayControl::StepOne)),
+        KeyCode::Char('G') | KeyCode::End => Some(Action::Replay(ReplayControl::JumpToEnd)),
+        KeyCode::Char('+') | KeyCode::Char('=') => Some(Action::Replay(ReplayControl::Faster)),
+        KeyCode::Char('-') => Some(Action::Replay(ReplayControl::Slower)),
+        code => dashboard_action(code),
     }
 }
 
@@ -187,6 +227,65 @@ pub const BINDINGS: &[(&str, &str, &str)] = &[
         "suspend to the shell (fg brings the screen back)",
     ),
 ];
+
+/// An attached viewer's keys: `q` detaches and `S` stops the run (after a y/n).
+const ATTACHED_KEYS: &[(&str, &str, &str)] = &[
+    ("q", "detach", "detach: this screen closes, the run goes on"),
+    (
+        "S",
+        "stop run",
+        "stop the run (asks y/n first): finish the step, checkpoint",
+    ),
+];
+
+/// A replay's own keys, in place of the run's controls (commands are disabled).
+const REPLAY_KEYS: &[(&str, &str, &str)] = &[
+    ("q", "close", "close the replay"),
+    ("Space", "pause", "pause / resume the replay (p too)"),
+    ("n", "step", "play up to the next step, then pause (. too)"),
+    ("G", "end", "jump to the end of the log (End too)"),
+    (
+        "+/-",
+        "speed",
+        "replay twice / half as fast (1/16x to 1024x)",
+    ),
+];
+
+/// Keys that send commands: not offered in a replay.
+const COMMAND_KEYS: [&str; 7] = ["q", "p", "c", "t", "P", "b", "+/-"];
+
+/// The key table of a mode, in the order the footer and the help list it.
+pub fn bindings(mode: &Mode) -> Vec<(&'static str, &'static str, &'static str)> {
+    let rest = |skip: &[&str]| {
+        BINDINGS
+            .iter()
+            .filter(|(k, _, _)| !skip.contains(k))
+            .copied()
+            .collect::<Vec<_>>()
+    };
+    match mode {
+        Mode::InProcess => BINDINGS.to_vec(),
+        Mode::Attached { .. } => {
+            let mut all = ATTACHED_KEYS.to_vec();
+            all.extend(rest(&["q"]));
+            all
+        }
+        Mode::Replay { .. } => {
+            let mut all = REPLAY_KEYS.to_vec();
+            all.extend(rest(&[&COMMAND_KEYS[..], &["f"]].concat()));
+            all
+        }
+    }
+}
+
+/// The key context of a mode's dashboard (outside the editor and the y/n question).
+pub fn dashboard_context(mode: &Mode) -> KeyContext {
+    match mode {
+        Mode::InProcess => KeyContext::Dashboard,
+        Mode::Attached { .. } => KeyContext::Attached,
+        Mode::Replay { .. } => KeyContext::Replay,
+    }
+}
 
 /// The threshold editor's keys, in the same shape: its footer and its own help line.
 pub const EDITOR_BINDINGS: &[(&str, &str, &str)] = &[
@@ -321,9 +420,24 @@ mod tests {
         }
     }
 
+    fn modes() -> [Mode; 3] {
+        [
+            Mode::InProcess,
+            Mode::Attached {
+                address: "a".into(),
+            },
+            Mode::Replay { source: "r".into() },
+        ]
+    }
+
     #[test]
     fn no_two_bindings_share_a_key() {
-        for table in [BINDINGS, EDITOR_BINDINGS] {
+        let tables: Vec<Vec<_>> = modes().iter().map(bindings).collect();
+        for table in tables
+            .iter()
+            .map(Vec::as_slice)
+            .chain([BINDINGS, EDITOR_BINDINGS])
+        {
             let mut keys: Vec<&str> = table.iter().map(|b| b.0).collect();
             keys.sort();
             let before = keys.len();
@@ -343,6 +457,7 @@ mod tests {
                 "↑↓" => vec![KeyCode::Up, KeyCode::Down],
                 "←→" => vec![KeyCode::Left, KeyCode::Right],
                 "+/-" => vec![KeyCode::Char('+'), KeyCode::Char('-')],
+                "Space" => vec![KeyCode::Char(' ')],
                 k => k.chars().map(KeyCode::Char).collect(),
             }
         };
@@ -350,11 +465,13 @@ mod tests {
             "^Z" => Some(KeyEvent::new(KeyCode::Char('z'), KeyModifiers::CONTROL)),
             _ => None,
         };
-        for (table, context) in [
-            (BINDINGS, KeyContext::Dashboard),
-            (EDITOR_BINDINGS, KeyContext::ThresholdEditor),
-        ] {
-            for (k, _, _) in table {
+        let mut tables: Vec<(Vec<_>, KeyContext)> = modes()
+            .iter()
+            .map(|m| (bindings(m), dashboard_context(m)))
+            .collect();
+        tables.push((EDITOR_BINDINGS.to_vec(), KeyContext::ThresholdEditor));
+        for (table, context) in tables {
+            for (k, _, _) in &table {
                 if let Some(chord) = chord(k) {
                     assert!(action_for(chord, context).is_some(), "{k} unmapped");
                     continue;
@@ -377,6 +494,46 @@ mod tests {
         }
         assert_eq!(dash(KeyCode::Char('z')), None);
         assert_eq!(dash(KeyCode::Char('e')), Some(Action::ToggleEvents));
+    }
+
+    #[test]
+    fn attached_views_stop_with_shift_s_and_ask_first() {
+        let k = |code| action_for(key(code), KeyContext::Attached);
+        assert_eq!(k(KeyCode::Char('S')), Some(Action::StopRun));
+        assert_eq!(k(KeyCode::Char('q')), Some(Action::Quit));
+        assert_eq!(dash(KeyCode::Char('S')), None, "in-process, q stops");
+        let c = |code| action_for(key(code), KeyContext::ConfirmStop);
+        assert_eq!(c(KeyCode::Char('y')), Some(Action::Confirm(true)));
+        assert_eq!(c(KeyCode::Char('n')), Some(Action::Confirm(false)));
+        assert_eq!(c(KeyCode::Esc), Some(Action::Confirm(false)));
+        assert_eq!(c(KeyCode::Char('p')), None);
+    }
+
+    #[test]
+    fn a_replay_steers_itself_with_the_pause_and_batch_keys() {
+        let r = |code| action_for(key(code), KeyContext::Replay);
+        assert_eq!(
+            r(KeyCode::Char(' ')),
+            Some(Action::Replay(ReplayControl::TogglePause))
+        );
+        assert_eq!(
+            r(KeyCode::Char('.')),
+            Some(Action::Replay(ReplayControl::StepOne))
+        );
+        assert_eq!(
+            r(KeyCode::End),
+            Some(Action::Replay(ReplayControl::JumpToEnd))
+        );
+        assert_eq!(
+            r(KeyCode::Char('+')),
+            Some(Action::Replay(ReplayControl::Faster))
+        );
+        assert_eq!(
+            r(KeyCode::Char('-')),
+            Some(Action::Replay(ReplayControl::Slower))
+        );
+        // Still mapped, so that pressing it says commands are disabled.
+        assert_eq!(r(KeyCode::Char('c')), Some(Action::Checkpoint));
     }
 
     #[test]

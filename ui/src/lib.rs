@@ -1,17 +1,24 @@
 //! headroom's dashboard: state ([`app`], with the memory policy's in [`policy`] and the
-//! threshold editor's in [`editor`]), drawing ([`view`]), wording ([`describe`]), keys
-//! ([`keys`]), the live loop ([`event_loop`]) and terminal ownership ([`terminal`]). No
-//! libtorch here.
+//! threshold editor's in [`editor`]), how the screen stands to the run ([`mode`]),
+//! drawing ([`view`]), wording ([`describe`]), keys ([`keys`]), where telemetry comes
+//! from ([`feed`]: the in-process bus, a socket, or a log being [`replay`]ed), the live
+//! loop ([`event_loop`]) and terminal ownership ([`terminal`]). No libtorch here.
 pub mod app;
 pub mod describe;
 pub mod editor;
 pub mod event_loop;
+pub mod feed;
 pub mod history;
 pub mod keys;
+pub mod mode;
 pub mod policy;
+pub mod replay;
 pub mod terminal;
 pub mod view;
 
 pub use app::App;
 pub use event_loop::{drive, drive_with, run_dashboard, DashboardExit, DashboardOptions};
+pub use feed::{Control, Feed, Link, ReplayControl, ReplayHandle, ReplayState};
+pub use mode::Mode;
+pub use replay::{replay_feed, ReplayOptions};
 pub use terminal::{install_panic_hook, NoTerminal, Suspend, TerminalGuard};

@@ -18,8 +18,8 @@ use ratatui::widgets::{Axis, Block, Chart, Clear, Dataset, GraphType, Paragraph,
 use ratatui::Frame;
 
 use crate::app::{App, Focus};
-use crate::keys::{BINDINGS, EDITOR_BINDINGS};
-use text::{ellipsize, first_fitting, keep_most_important};
+use crate::keys::{bindings, EDITOR_BINDINGS};
+use text::{ellipsize, first_fitting, keep_most_important, width};
 
 pub const MIN_WIDTH: u16 = 80;
 pub const MIN_HEIGHT: u16 = 24;
@@ -143,10 +143,24 @@ fn too_small(frame: &mut Frame, area: Rect) {
 
 fn render_header(frame: &mut Frame, app: &App, area: Rect) {
     let title = format!(" headroom · {} ", app.run_name);
-    let block = Block::bordered().title(Span::styled(
-        title,
+    let mut block = Block::bordered().title(Span::styled(
+        title.clone(),
         fg(app, Color::Cyan).add_modifier(Modifier::BOLD),
     ));
+    // Where the picture comes from, on the right of the title: a viewer must never be
+    // mistaken for the run's own screen.
+    if let Some(tag) = app.mode.tag() {
+        let room = (area.width as usize).saturating_sub(width(&title) + 6);
+        if room > 8 {
+            block = block.title_top(
+                Line::from(Span::styled(
+                    format!(" {} ", ellipsize(&tag, room - 2)),
+                    fg(app, Color::Magenta).add_modifier(Modifier::BOLD),
+                ))
+                .right_aligned(),
+            );
+        }
+    }
     let status = Span::styled(
         format!("● {}", app.status_text()),
         fg(app, status_color(app.status)).add_modifier(Modifier::BOLD),
@@ -760,8 +774,29 @@ fn render_loss_chart(frame: &mut Frame, app: &App, area: Rect) {
 }
 
 fn render_footer(frame: &mut Frame, app: &App, area: Rect) {
+    // A question or a lost link is what matters now: it takes the whole line.
+    let alert = if app.confirm_stop {
+        Some((
+            "stop the run? y stops it (finish the step, checkpoint) · n or Esc: no".to_string(),
+            Color::Yellow,
+        ))
+    } else {
+        app.link.banner().map(|text| (text, Color::Red))
+    };
+    if let Some((text, color)) = alert {
+        let style = fg(app, Color::Black)
+            .bg_if(app.color, color)
+            .add_modifier(Modifier::BOLD);
+        let text = ellipsize(&format!(" {text} "), area.width as usize);
+        frame.render_widget(Paragraph::new(Span::styled(text, style)), area);
+        return;
+    }
     let dropped = (app.dropped > 0).then(|| format!("dropped samples {}", app.dropped));
-    let reserved = dropped.as_ref().map_or(0, |d| d.chars().count() + 1);
+    let right = match (app.replay.filter(|_| app.mode.is_replay()), dropped) {
+        (Some(r), _) => Some(r.status_line()),
+        (None, dropped) => dropped,
+    };
+    let reserved = right.as_ref().map_or(0, |d| width(d) + 1);
     let room = (area.width as usize).saturating_sub(reserved);
     // The keys that work now, named for what they do now: the editor is modal, and a
     // paused, stopping or ended run takes other keys than a running one.
@@ -769,6 +804,9 @@ fn render_footer(frame: &mut Frame, app: &App, area: Rect) {
         Some(_) => {
             let all: Vec<_> = EDITOR_BINDINGS.iter().map(|(k, s, _)| (*k, *s)).collect();
             footer::shown(&all, &footer::EDITOR_SHED_ORDER, room)
+        }
+        None if app.mode.is_replay() => {
+            footer::shown(&footer::live(app), &footer::REPLAY_SHED_ORDER, room)
         }
         None if app.show_events => {
             footer::shown(&footer::live(app), &footer::EVENTS_SHED_ORDER, room)
@@ -784,7 +822,7 @@ fn render_footer(frame: &mut Frame, app: &App, area: Rect) {
         spans.push(Span::raw(format!(" {short}  ")));
     }
     frame.render_widget(Paragraph::new(Line::from(spans)), area);
-    if let Some(text) = dropped {
+    if let Some(text) = right {
         frame.render_widget(
             Paragraph::new(Span::styled(text, fg(app, Color::DarkGray)))
                 .alignment(Alignment::Right),
@@ -794,16 +832,17 @@ fn render_footer(frame: &mut Frame, app: &App, area: Rect) {
 }
 
 fn render_help(frame: &mut Frame, app: &App, area: Rect) {
+    let table = bindings(&app.mode);
     let width = 72.min(area.width);
     // Bindings, a blank line and three notes; every line fits the width unwrapped.
-    let height = (BINDINGS.len() as u16 + 6).min(area.height);
+    let height = (table.len() as u16 + 6).min(area.height);
     let rect = Rect::new(
         area.x + (area.width - width) / 2,
         area.y + (area.height - height) / 2,
         width,
         height,
     );
-    let mut lines: Vec<Line> = BINDINGS
+    let mut lines: Vec<Line> = table
         .iter()
         .map(|(k, _, what)| {
             Line::from(vec![
@@ -813,10 +852,14 @@ fn render_help(frame: &mut Frame, app: &App, area: Rect) {
         })
         .collect();
     lines.push(Line::from(""));
+    let last = match app.mode {
+        crate::mode::Mode::Replay { .. } => "a replay is read-only: p c t P b f send no commands",
+        _ => "commands apply between steps; shown once the trainer confirms them",
+    };
     for text in [
         "chart marks: ! OOM  ↑↓ batch resized  c cache freed  T thresholds set",
         "gauge marks: t target  w warning  c critical  e emergency",
-        "commands apply between steps; shown once the trainer confirms them",
+        last,
     ] {
         lines.push(Line::styled(text, fg(app, Color::DarkGray)));
     }

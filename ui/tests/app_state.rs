@@ -448,3 +448,136 @@ fn a_paused_run_has_no_eta() {
     });
     assert_eq!(app.progress_line(), "step 10/100 (10%)  ETA --");
 }
+
+mod feed_time_and_modes {
+    use headroom_core::{HostStats, Record, RunStatus, SystemSample, Telemetry};
+    use headroom_ui::app::{App, Focus, Reaction, Window};
+    use headroom_ui::keys::Action;
+    use headroom_ui::mode::LinkView;
+    use headroom_ui::{Link, Mode};
+
+    fn sample(rss: u64) -> Telemetry {
+        Telemetry::Sample(SystemSample {
+            host: HostStats {
+                process_rss: rss,
+                mem_total: 1 << 30,
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+    }
+
+    /// A catch-up arrives in one burst; its points still land where the run lived them,
+    /// not all at the moment they arrived.
+    #[test]
+    fn a_burst_of_records_spreads_over_the_chart_by_their_own_time() {
+        let mut app = App::new("t", false);
+        for i in 0..=100u64 {
+            app.apply_record(&Record::new(0.0, i as f64, sample(1000 + i)));
+        }
+        let xs: Vec<f64> = app.memory.points().iter().map(|p| p.0).collect();
+        assert_eq!(xs.first(), Some(&0.0));
+        assert_eq!(xs.last(), Some(&100.0));
+        assert!(
+            xs.len() > 50 && xs.windows(2).all(|w| w[0] < w[1]),
+            "{xs:?}"
+        );
+        assert_eq!(app.run_t, Some(100.0));
+        // The header's clock is the loop's to set, never read here.
+        assert_eq!(app.elapsed, 0.0);
+    }
+
+    #[test]
+    fn log_entries_carry_the_runs_time() {
+        let mut app = App::new("t", false);
+        app.apply_record(&Record::new(
+            0.0,
+            42.0,
+            Telemetry::Status {
+                status: RunStatus::Running,
+            },
+        ));
+        assert_eq!(app.events[0].t, 42.0);
+    }
+
+    fn attached() -> App {
+        App::new("t", false).with_mode(Mode::Attached {
+            address: "sock".into(),
+        })
+    }
+
+    #[test]
+    fn attached_q_detaches_and_sends_nothing() {
+        let mut app = attached();
+        app.apply(&Telemetry::Status {
+            status: RunStatus::Running,
+        });
+        assert_eq!(app.handle(Action::Quit), Reaction::Detach);
+        assert!(!app.stop_requested);
+    }
+
+    #[test]
+    fn attached_stop_asks_and_only_yes_sends_it() {
+        let mut app = attached();
+        app.apply(&Telemetry::Status {
+            status: RunStatus::Running,
+        });
+        assert_eq!(app.handle(Action::StopRun), Reaction::Nothing);
+        assert!(app.confirm_stop);
+        assert_eq!(app.handle(Action::Confirm(false)), Reaction::Nothing);
+        assert!(!app.confirm_stop && !app.stop_requested);
+        app.handle(Action::StopRun);
+        assert_eq!(
+            app.handle(Action::Confirm(true)),
+            Reaction::Send(headroom_core::Command::Stop)
+        );
+        assert!(app.stop_requested);
+        // Still a viewer: q leaves, it does not quit the run a second time.
+        assert_eq!(app.handle(Action::Quit), Reaction::Detach);
+    }
+
+    #[test]
+    fn a_reconnect_starts_the_run_afresh_but_keeps_the_users_view() {
+        let mut app = attached();
+        app.handle(Action::CycleWindow);
+        app.handle(Action::FocusNext);
+        let (window, focus) = (app.window, app.focus);
+        assert_ne!((window, focus), (Window::FiveMinutes, Focus::Events));
+        app.apply_record(&Record::new(0.0, 7.0, sample(5)));
+        app.apply_link(&Link::Lost {
+            reason: "gone".into(),
+        });
+        assert!(!app.takes_commands(), "no commands into a lost link");
+        assert!(matches!(app.link, LinkView::Lost { .. }));
+        assert!(app.sample.is_some(), "the last picture stays while lost");
+        app.apply_link(&Link::Connected {
+            run_id: "r-2".into(),
+        });
+        assert!(app.link.is_up());
+        assert!(app.sample.is_none() && app.memory.is_empty() && app.run_t.is_none());
+        assert_eq!((app.window, app.focus), (window, focus));
+        assert!(app.mode.is_attached());
+    }
+
+    #[test]
+    fn a_replay_sends_no_commands_and_says_so_once() {
+        let mut app = App::new("t", false).with_mode(Mode::Replay {
+            source: "log".into(),
+        });
+        app.apply(&Telemetry::Status {
+            status: RunStatus::Running,
+        });
+        for action in [Action::Checkpoint, Action::FreeCache, Action::TogglePause] {
+            assert_eq!(app.handle(action), Reaction::Nothing);
+        }
+        let said = app
+            .events
+            .iter()
+            .filter(|e| e.text.contains("commands are disabled in a replay"))
+            .count();
+        assert_eq!(said, 1);
+        assert!(app.editor.is_none());
+        assert_eq!(app.handle(Action::EditThresholds), Reaction::Nothing);
+        assert!(app.editor.is_none());
+    }
+}

@@ -13,8 +13,11 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, Receiver, Sender};
 use crossterm::event::{Event, KeyCode, KeyEvent, KeyModifiers};
 use headroom_core::policy::{Profile, Thresholds};
-use headroom_core::{Command, RunStatus, RunSummary, StepMetrics, Telemetry};
-use headroom_ui::{drive_with, DashboardExit, DashboardOptions, Suspend};
+use headroom_core::{Command, Record, RunStatus, RunSummary, StepMetrics, Telemetry};
+use headroom_ui::{
+    drive_with, Control, DashboardExit, DashboardOptions, Feed, Link, Mode, ReplayControl,
+    ReplayHandle, Suspend,
+};
 use ratatui::backend::{Backend, ClearType, TestBackend, WindowSize};
 use ratatui::buffer::Cell;
 use ratatui::layout::{Position, Size};
@@ -118,12 +121,39 @@ struct Setup {
     queued: Vec<Command>,
     close_on_finish: bool,
     probe: Probe,
+    mode: Mode,
+}
+
+/// A queue of the feed, taking bare messages (at the run's time 0) as the tests write
+/// them, or records at a time.
+#[derive(Clone)]
+struct Tx(Sender<Record>);
+
+impl Tx {
+    fn send(&self, msg: Telemetry) -> Result<(), &'static str> {
+        self.0
+            .send(Record::new(0.0, 0.0, msg))
+            .map_err(|_| "the loop is gone")
+    }
+    fn send_at(&self, t: f64, msg: Telemetry) {
+        self.0.send(Record::new(0.0, t, msg)).expect("loop alive");
+    }
+    /// False when the queue is full (or the loop gone).
+    fn try_send(&self, msg: Telemetry) -> bool {
+        self.0.try_send(Record::new(0.0, 0.0, msg)).is_ok()
+    }
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 struct Harness {
     keys: Sender<io::Result<Event>>,
-    events: Sender<Telemetry>,
-    metrics: Sender<Telemetry>,
+    events: Tx,
+    metrics: Tx,
+    link: Sender<Link>,
+    /// What a replay's keys asked of the replay thread.
+    replay: Receiver<ReplayControl>,
     commands: Receiver<Command>,
     opts: DashboardOptions,
     probe: Probe,
@@ -146,6 +176,8 @@ impl Harness {
         let (keys, key_rx) = bounded(0);
         let (events, event_rx) = bounded(16);
         let (metrics, metric_rx) = bounded(16);
+        let (link, link_rx) = bounded(16);
+        let (replay_tx, replay) = bounded(16);
         let (cmd_tx, commands) = bounded(setup.command_room.max(1));
         for c in &setup.queued {
             cmd_tx
@@ -156,6 +188,14 @@ impl Harness {
         opts.color = false;
         opts.frame_interval = Duration::from_millis(10);
         opts.close_on_finish = setup.close_on_finish;
+        opts.mode = setup.mode.clone();
+        let control = match setup.mode {
+            Mode::Replay { .. } => Control::Replay(ReplayHandle {
+                control: replay_tx,
+                state: Default::default(),
+            }),
+            _ => Control::Commands(cmd_tx.clone()),
+        };
         let mut probe = setup.probe;
         if let Some((_, flag)) = &mut probe.hangup_during_draw {
             opts.hangup = Arc::clone(flag);
@@ -167,24 +207,25 @@ impl Harness {
                 probe: loop_probe.clone(),
             };
             let mut terminal = Terminal::new(backend).expect("test backend");
-            let dropped = AtomicU64::new(0);
+            let feed = Feed {
+                events: event_rx,
+                metrics: metric_rx,
+                dropped: Arc::new(AtomicU64::new(0)),
+                control,
+                link: link_rx,
+            };
             let mut host = CountingHost(Arc::clone(&loop_probe.suspends));
-            let exit = drive_with(
-                &mut terminal,
-                &event_rx,
-                metric_rx,
-                &cmd_tx,
-                &dropped,
-                &key_rx,
-                &loop_opts,
-                &mut host,
-            );
+            let exit = drive_with(&mut terminal, feed, &key_rx, &loop_opts, &mut host);
+            // Commands queued for a trainer stay readable after the loop returned.
+            drop(cmd_tx);
             (exit, terminal)
         });
         Harness {
             keys,
-            events,
-            metrics,
+            events: Tx(events),
+            metrics: Tx(metrics),
+            link,
+            replay,
             commands,
             opts,
             probe,
@@ -636,4 +677,231 @@ fn batch_keys_pin_around_the_reported_micro_batch() {
     h.press('b');
     assert_eq!(h.next_command(), Command::PinMicroBatch { micro_batch: 12 });
     h.end();
+}
+
+impl Harness {
+    fn attached() -> Harness {
+        Harness::with(Setup {
+            command_room: 8,
+            mode: Mode::Attached {
+                address: "/tmp/headroom/run.sock".into(),
+            },
+            ..Setup::default()
+        })
+    }
+
+    /// Sends link news and waits until the loop has taken it.
+    fn link(&self, news: Link) {
+        self.link.send(news).expect("loop alive");
+        wait_for("the loop to take the link news", || self.link.is_empty());
+    }
+
+    /// Makes the loop draw what it has taken (a resize always redraws).
+    fn frame(&self) {
+        let n = self.probe.draws.load(Ordering::SeqCst);
+        self.keys
+            .send(Ok(Event::Resize(100, 30)))
+            .expect("loop alive");
+        wait_for("a frame", || self.probe.draws.load(Ordering::SeqCst) > n);
+    }
+
+    /// Leaves with `q` (a viewer's loop does not end when its feed does).
+    fn quit(self) -> (DashboardExit, String, Receiver<Command>) {
+        self.press('q');
+        let Harness {
+            running, commands, ..
+        } = self;
+        let (exit, terminal) = running.join().expect("loop thread");
+        let screen = format!("{}", terminal.backend().inner);
+        (exit.expect("loop ok"), screen, commands)
+    }
+}
+
+#[test]
+fn attached_q_detaches_at_once_and_sends_nothing() {
+    let h = Harness::attached();
+    h.event(Telemetry::Status {
+        status: RunStatus::Running,
+    });
+    let (exit, _, commands) = h.quit();
+    assert!(exit.detached && !exit.force_quit);
+    assert!(
+        commands.try_recv().is_err(),
+        "a viewer's q must not stop the run"
+    );
+}
+
+#[test]
+fn attached_stop_asks_y_n_and_only_y_sends_stop() {
+    let h = Harness::attached();
+    h.event(Telemetry::Status {
+        status: RunStatus::Running,
+    });
+    h.press('S');
+    h.press('n');
+    h.press('S');
+    h.press('x'); // neither: the question stays
+    std::thread::sleep(Duration::from_millis(30));
+    assert!(h.commands.try_recv().is_err(), "sent before y");
+    h.press('y');
+    assert_eq!(h.next_command(), Command::Stop);
+    // A viewer that stopped the run still sees it end, then leaves.
+    h.event(Telemetry::Finished(RunSummary {
+        stopped_by_user: true,
+        ..summary()
+    }));
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!h.running.is_finished(), "the final screen stays until q");
+    let (exit, screen, _) = h.quit();
+    assert!(!exit.detached, "nothing left running to detach from");
+    assert!(
+        screen.contains("the run stopped: q closes the screen"),
+        "{screen}"
+    );
+}
+
+#[test]
+fn a_lost_link_shows_a_banner_and_a_reconnect_starts_afresh() {
+    let h = Harness::attached();
+    h.link(Link::Connected {
+        run_id: "tiny-1".into(),
+    });
+    h.events.send_at(
+        3.0,
+        Telemetry::Notice(headroom_core::Notice::new(
+            headroom_core::Level::Info,
+            "test",
+            "from the first connection",
+        )),
+    );
+    wait_for("the record", || h.events.is_empty());
+    h.link(Link::Lost {
+        reason: "the run's socket closed".into(),
+    });
+    h.link(Link::Retrying {
+        attempt: 1,
+        in_s: 2.0,
+    });
+    h.frame();
+    // Keys that would send a command do nothing while the link is down.
+    h.press('c');
+    h.link(Link::Connected {
+        run_id: "tiny-1".into(),
+    });
+    h.event(Telemetry::Status {
+        status: RunStatus::Running,
+    });
+    h.frame();
+    let (exit, screen, commands) = h.quit();
+    assert!(
+        commands.try_recv().is_err(),
+        "a command went into a lost link"
+    );
+    assert!(exit.detached);
+    assert!(screen.contains("connected to run tiny-1"), "{screen}");
+    assert!(
+        !screen.contains("from the first connection") && !screen.contains("connection lost"),
+        "the old picture survived the reconnect: {screen}"
+    );
+}
+
+#[test]
+fn a_lost_link_keeps_the_last_picture_under_a_banner() {
+    let h = Harness::attached();
+    h.events.send_at(
+        3.0,
+        Telemetry::Notice(headroom_core::Notice::new(
+            headroom_core::Level::Info,
+            "test",
+            "the last picture",
+        )),
+    );
+    h.link(Link::Lost {
+        reason: "the run's socket closed".into(),
+    });
+    h.link(Link::Retrying {
+        attempt: 2,
+        in_s: 2.0,
+    });
+    h.frame();
+    let (_, screen, _) = h.quit();
+    assert!(screen.contains("the last picture"), "{screen}");
+    assert!(
+        screen.contains("connection lost: the run's socket closed · retrying in 2 s"),
+        "{screen}"
+    );
+}
+
+/// The feed ending under a viewer (the run is gone) keeps the screen until q.
+#[test]
+fn a_closed_feed_keeps_a_viewers_screen() {
+    let h = Harness::attached();
+    h.link(Link::Closed {
+        reason: "the run ended".into(),
+    });
+    let Harness {
+        keys,
+        events,
+        metrics,
+        running,
+        probe,
+        ..
+    } = h;
+    drop((events, metrics));
+    std::thread::sleep(Duration::from_millis(60));
+    assert!(
+        !running.is_finished(),
+        "the viewer's screen closed by itself"
+    );
+    let n = probe.draws.load(Ordering::SeqCst);
+    assert!(n > 0);
+    keys.send(Ok(Event::Key(KeyEvent::new(
+        KeyCode::Char('q'),
+        KeyModifiers::NONE,
+    ))))
+    .unwrap();
+    let (exit, terminal) = running.join().unwrap();
+    let screen = format!("{}", terminal.backend().inner);
+    assert!(exit.unwrap().detached);
+    assert!(
+        screen.contains("connection closed: the run ended"),
+        "{screen}"
+    );
+}
+
+#[test]
+fn a_replay_steers_the_replay_and_sends_no_commands() {
+    let h = Harness::with(Setup {
+        command_room: 8,
+        mode: Mode::Replay {
+            source: "run.jsonl".into(),
+        },
+        ..Setup::default()
+    });
+    h.event(Telemetry::Status {
+        status: RunStatus::Running,
+    });
+    h.press('c');
+    h.press('f');
+    h.press(' ');
+    h.press('+');
+    h.press('G');
+    wait_for("the replay controls", || h.replay.len() == 3);
+    let asked: Vec<ReplayControl> = h.replay.try_iter().collect();
+    assert_eq!(
+        asked,
+        [
+            ReplayControl::TogglePause,
+            ReplayControl::Faster,
+            ReplayControl::JumpToEnd
+        ]
+    );
+    h.frame();
+    let (exit, screen, commands) = h.quit();
+    assert!(commands.try_recv().is_err());
+    assert!(!exit.force_quit && !exit.detached);
+    assert!(
+        screen.contains("commands are disabled in a replay"),
+        "{screen}"
+    );
 }

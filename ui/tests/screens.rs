@@ -9,7 +9,9 @@ use headroom_core::{
 };
 use headroom_ui::app::App;
 use headroom_ui::keys::{action_for, Action};
+use headroom_ui::mode::ReplayView;
 use headroom_ui::view::render;
+use headroom_ui::{Link, Mode};
 use ratatui::backend::TestBackend;
 use ratatui::Terminal;
 
@@ -718,4 +720,109 @@ fn the_micro_batch_history_shows_its_levels() {
         assert!(line.contains(level), "{level} missing: {line}");
     }
     assert!(line.contains(" 8 (max 16)"), "{line}");
+}
+
+/// A run as an attached viewer sees it: the same picture, `q` detaching and `S` stopping.
+fn attached_run() -> App {
+    let mut app = cpu_oom_run();
+    app.mode = Mode::Attached {
+        address: "/run/user/1000/headroom/tiny-4242.sock".into(),
+    };
+    app
+}
+
+/// The header says whose screen this is and where it is attached; the footer offers
+/// detach and stop.
+#[test]
+fn attached_footer() {
+    let app = attached_run();
+    let text = screen_text(&app, 100, 30);
+    assert!(
+        text.lines()
+            .next()
+            .unwrap()
+            .contains("attached to /run/user/1000/headroom/tiny-4242.sock"),
+        "{text}"
+    );
+    let footer = text.lines().nth(29).unwrap();
+    assert!(
+        footer.contains(" q  detach") && footer.contains(" S  stop run"),
+        "{footer}"
+    );
+    assert!(!footer.contains(" q  stop"), "{footer}");
+    insta::assert_snapshot!(draw(&app, 100, 30).backend());
+}
+
+/// `S` asks before anything is sent; the question takes the footer.
+#[test]
+fn attached_stop_asks_first() {
+    let mut app = attached_run();
+    press(&mut app, KeyCode::Char('S'));
+    let footer = screen_text(&app, 100, 30)
+        .lines()
+        .nth(29)
+        .unwrap()
+        .to_string();
+    assert!(footer.contains("stop the run? y stops it"), "{footer}");
+}
+
+/// A lost connection says so in place of the keys, over the last picture.
+#[test]
+fn lost_banner() {
+    let mut app = attached_run();
+    app.apply_link(&Link::Lost {
+        reason: "the run's socket closed".into(),
+    });
+    app.apply_link(&Link::Retrying {
+        attempt: 2,
+        in_s: 2.0,
+    });
+    let text = screen_text(&app, 100, 30);
+    let footer = text.lines().nth(29).unwrap();
+    assert!(
+        footer.contains("connection lost: the run's socket closed · retrying in 2 s"),
+        "{footer}"
+    );
+    // The last picture stays.
+    assert!(text.contains("micro 8 × accum 4 = 32 · pinned"), "{text}");
+    insta::assert_snapshot!(draw(&app, 100, 30).backend());
+}
+
+/// A replay: read-only, its own controls, speed, position and state in the footer.
+#[test]
+fn replay_footer() {
+    let mut app = cpu_oom_run();
+    app.mode = Mode::Replay {
+        source: "runs/tiny.jsonl".into(),
+    };
+    app.set_replay(Some(ReplayView {
+        position: 5.0,
+        total: 65.0,
+        speed: 4.0,
+        paused: true,
+        ended: false,
+        following: false,
+    }));
+    let text = screen_text(&app, 100, 30);
+    let footer = text.lines().nth(29).unwrap();
+    for needed in [
+        " q  close",
+        " Space  play",
+        " n  step",
+        "paused · 4× · 5s / 1m05s",
+    ] {
+        assert!(footer.contains(needed), "{needed:?} missing: {footer}");
+    }
+    for gone in [" c ", " t ", " b ", " P "] {
+        assert!(
+            !footer.contains(gone),
+            "{gone:?} offered in a replay: {footer}"
+        );
+    }
+    assert!(text
+        .lines()
+        .next()
+        .unwrap()
+        .contains("replay of runs/tiny.jsonl"));
+    insta::assert_snapshot!(draw(&app, 100, 30).backend());
 }

@@ -105,6 +105,9 @@ const SETTLED_STEPS: u32 = 5;
 /// measured: less is within what the extrapolation moves by as readings at longer lengths
 /// come in, and growing on it would shrink again as the lengths keep rising.
 const REGROW_ROOM: f64 = 0.05;
+/// A reading this far (share of the limit) above a model that has been right is memory
+/// taken from outside the batch (see `Controller::jumped`).
+const JUMP: f64 = 0.03;
 /// Steps before a longer length arrives within which the controller makes room for it
 /// even on a bound (see `forecast`).
 const YOUNG_LEAD: u64 = 3;
@@ -299,6 +302,13 @@ pub struct Controller {
     /// Consecutive readings after which the model showed plain room at the planned length
     /// for a size shrunk ahead of it (one reading moves a young fit by that much).
     room_readings: u32,
+    /// A peak measured twice to the byte at different sizes: memory held at a high-water
+    /// mark. Readings at or under it do not follow the batch.
+    floor_bytes: Option<u64>,
+    /// The one probe past a worst case above critical was made.
+    risk_probed: bool,
+    /// That probe is the size in force, until its first reading.
+    risk_probe: bool,
 }
 
 impl Controller {
@@ -339,6 +349,9 @@ impl Controller {
             last_step: 0,
             rising: false,
             room_readings: 0,
+            floor_bytes: None,
+            risk_probed: false,
+            risk_probe: false,
         }
     }
 
@@ -449,11 +462,13 @@ impl Controller {
         };
         if !lengths_vary {
             // One length: the fit's slope is the cost of its tokens.
+            // Between sizes too close for their difference to be more than noise, the line
+            // growth follows is the estimate for prediction too: a fitted slope that fell
+            // back to proportional (fixed 0, every byte per token) put a size just grown to
+            // at 957% of the limit, and the forecast halved it before it ran.
             let s = self.model.points().next().map_or(0, |p| p.2);
-            if inflate {
-                if let Some((fixed, per)) = self.growth_line(slope) {
-                    return Some((fixed, per * stretch(s)));
-                }
+            if let Some((fixed, per)) = self.growth_line(slope) {
+                return Some((fixed, per * stretch(s)));
             }
             return Some((fixed, slope.max(0.0) * stretch(s)));
         }
@@ -694,6 +709,7 @@ impl Controller {
         self.warned = false;
         self.pending_shrink = None;
         self.probing = false;
+        self.risk_probe = false;
         self.grown_from = (to > from && reason == ResizeReason::Grow).then_some(from);
         if to > from {
             self.unresponsive = false;
@@ -757,7 +773,7 @@ impl Controller {
         let may_resize = !self.pinned
             && self.cfg.adaptive
             && !self.unresponsive
-            && (!self.probing || pred >= self.thresholds.critical);
+            && (!self.probing || (pred >= self.thresholds.critical && !self.risk_probe));
         if pred > self.thresholds.warning {
             out.push(Decision::Warning {
                 usage: pred,
@@ -850,6 +866,7 @@ impl Controller {
         self.retrying = None;
         let current = obs.micro_batch == self.micro_batch;
         self.probing &= !current;
+        self.risk_probe &= !current;
         if usage < t.target {
             self.unresponsive = false;
         }
@@ -879,10 +896,28 @@ impl Controller {
                     .push_back(p.abs_diff(obs.peak_bytes) as f64 / self.limit_bytes as f64);
             }
         }
+        // A reading far above what a model that has been right predicted, at a length it
+        // has measured: memory was taken from outside the batch (another process, the
+        // device shared). That moves the fixed part, not what a token costs: shift every
+        // reading by the jump so one decision lands near what fits now, instead of
+        // learning a steeper slope from it over several.
+        if trusted && !first && self.jumped(obs) {
+            self.errors.clear();
+        }
         // The first step allocates the optimizer state as it goes, so it peaks lower than
         // the steps after it; while usage does not follow the batch, a reading says
         // nothing about its cost.
-        if trusted {
+        // A peak equal to the byte to one at another size measured a floor the batch no
+        // longer reaches (freed heap pages kept mapped, a cache at its high-water mark):
+        // neither reading says what the batch costs, and a fit through them makes a short
+        // sequence look as dear as a long one. Readings at or under that floor are
+        // censored, readings above it are the batch's own.
+        let floor = self
+            .floor_bytes
+            .is_some_and(|f| obs.peak_bytes <= f + f / 1_000_000);
+        if trusted && !floor && self.model.forget_floor(tokens, obs.peak_bytes) {
+            self.floor_bytes = Some(obs.peak_bytes.max(self.floor_bytes.unwrap_or(0)));
+        } else if trusted && !floor {
             self.model.observe_at(tokens, obs.peak_bytes, obs.seq_len);
             self.max_seq_seen = self.max_seq_seen.max(obs.seq_len);
         }
@@ -1029,6 +1064,43 @@ impl Controller {
         out
     }
 
+    /// Whether `obs` reads a jump in the fixed part (see `observe`): a settled size (three
+    /// readings or more at this very size and length) reads far above them, or a model
+    /// that has been right reads far above its prediction. Shifts the model (and the
+    /// baseline, part of the same fixed memory) by the jump.
+    fn jumped(&mut self, obs: StepObservation) -> bool {
+        if obs.seq_len > self.max_seq_seen || self.floor_bytes.is_some() {
+            return false;
+        }
+        let limit = self.limit_bytes as f64;
+        let tokens = (obs.micro_batch * obs.seq_len) as u64;
+        let here: Vec<f64> = self
+            .model
+            .points()
+            .filter(|p| p.0 == tokens && p.2 == obs.seq_len)
+            .map(|p| p.1 as f64)
+            .collect();
+        let (expected, err) = if here.len() >= 3 {
+            let m = median(here.clone());
+            let spread = here.iter().map(|r| (r - m).abs()).fold(0.0, f64::max);
+            (m, spread / limit)
+        } else if self.model.is_fitted() && self.errors.len() >= 3 {
+            match self.predicted_bytes(obs.micro_batch, obs.seq_len) {
+                Some(p) => (p as f64, self.errors.iter().copied().fold(0.0, f64::max)),
+                None => return false,
+            }
+        } else {
+            return false;
+        };
+        let jump = (obs.peak_bytes as f64 - expected) / limit;
+        if jump < JUMP.max(3.0 * err) {
+            return false;
+        }
+        self.model.shift(jump * limit);
+        self.baseline = self.baseline.map(|b| b + (jump * limit) as u64);
+        true
+    }
+
     /// Growth from a step under target, planned for sequences of `seq`.
     fn grow(&mut self, obs: StepObservation, usage: f64, seq: usize) -> Vec<Decision> {
         let mut out = Vec::new();
@@ -1093,6 +1165,19 @@ impl Controller {
             {
                 out.extend(self.resize(probe, ResizeReason::Grow, usage));
                 self.probing = true;
+                return out;
+            }
+            // The worst case of the fixed part says even one more could reach critical,
+            // but the step runs well under target: holding there for good gives up the
+            // room the first failure stalled in. Probe one more, once per run (an
+            // OOM or a reading over critical there is recovered and sets a ceiling).
+            // Only at the length planned for: with lengths to come longer than any run,
+            // the worst case there is a bound the forecast acts on, not a stall.
+            if !self.risk_probed && seq == obs.seq_len {
+                self.risk_probed = true;
+                out.extend(self.resize(probe, ResizeReason::Grow, usage));
+                self.probing = true;
+                self.risk_probe = true;
                 return out;
             }
             if !matches!(self.hold_said, Some((false, _))) {
@@ -1226,6 +1311,19 @@ impl Controller {
                 decisions,
                 retry_with: Some(micro_batch),
             };
+        }
+        // The retried size failed again: the memory outside the batch grew by at least
+        // what the model left between this size and the limit. Move the fixed part by that
+        // so the size retried with is planned from the memory left.
+        if self.retrying == Some((micro_batch, seq_len)) {
+            if let Some(p) = self.predicted_bytes(micro_batch, seq_len) {
+                let gap = self.limit_bytes as f64 - p as f64;
+                if gap > 0.0 {
+                    self.model.shift(gap);
+                    self.baseline = self.baseline.map(|b| b + gap as u64);
+                    self.errors.clear();
+                }
+            }
         }
         self.retrying = None;
         decisions.extend(self.learn_ceiling(micro_batch, tokens, seq_len, 1.0));

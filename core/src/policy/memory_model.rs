@@ -65,6 +65,31 @@ impl MemoryModel {
             .map(|(&(t, p), s)| (t, p, s))
     }
 
+    /// Forgets the readings of exactly `peak_bytes` (they measured a floor, not the batch)
+    /// and refits; true when there were any at a size other than `tokens`.
+    pub fn forget_floor(&mut self, tokens: u64, peak_bytes: u64) -> bool {
+        let same = |p: u64| p.abs_diff(peak_bytes) <= peak_bytes / 1_000_000;
+        if !self.points.iter().any(|&(t, p)| t != tokens && same(p)) {
+            return false;
+        }
+        let keep: Vec<bool> = self.points.iter().map(|&(_, p)| !same(p)).collect();
+        let mut k = keep.iter();
+        self.points.retain(|_| *k.next().unwrap());
+        let mut k = keep.iter().chain(std::iter::repeat(&true));
+        self.seqs.retain(|_| *k.next().unwrap());
+        self.fit = self.refit();
+        true
+    }
+
+    /// Adds `delta` bytes to every reading: memory taken (or given back) outside the batch
+    /// moves the fixed part, not what a token costs.
+    pub fn shift(&mut self, delta: f64) {
+        for p in &mut self.points {
+            p.1 = (p.1 as f64 + delta).max(0.0) as u64;
+        }
+        self.fit = self.refit();
+    }
+
     /// Forgets every observation (the footprint changed under the fit).
     pub fn clear(&mut self) {
         self.points.clear();
@@ -115,18 +140,25 @@ impl MemoryModel {
                 .collect();
             Some((0.0, median(ratios)))
         };
+        // Each pair's slope weighs as much as its sizes are apart: between close sizes the
+        // difference of two peaks is mostly noise, and a run that grew 1, 2, 16, 128, 929
+        // had most of its pairs among the small sizes, whose median slope let it grow past
+        // the limit.
         let mut slopes = Vec::new();
         for (i, &(x1, y1)) in self.points.iter().enumerate() {
             for &(x2, y2) in &self.points[i + 1..] {
                 if x1 != x2 {
-                    slopes.push((y2 as f64 - y1 as f64) / (x2 as f64 - x1 as f64));
+                    slopes.push((
+                        (y2 as f64 - y1 as f64) / (x2 as f64 - x1 as f64),
+                        x1.abs_diff(x2) as f64,
+                    ));
                 }
             }
         }
         if slopes.is_empty() {
             return proportional();
         }
-        let slope = median(slopes);
+        let slope = weighted_median(slopes);
         if slope.is_nan() || slope <= 0.0 {
             // Noise swamped the signal: keep the conservative estimate.
             return proportional();
@@ -274,6 +306,23 @@ fn least_squares(pts: &[(f64, f64, f64)], use_a: bool, use_b: bool) -> Option<(f
     let a = if use_a { it.next()? * sy / st } else { 0.0 };
     let b = if use_b { it.next()? * sy / sl } else { 0.0 };
     Some((c, a, b))
+}
+
+/// The value at which half the total weight lies on either side.
+fn weighted_median(mut v: Vec<(f64, f64)>) -> f64 {
+    v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total: f64 = v.iter().map(|p| p.1).sum();
+    let mut acc = 0.0;
+    for (i, &(x, w)) in v.iter().enumerate() {
+        acc += w;
+        if acc * 2.0 > total {
+            return x;
+        }
+        if acc * 2.0 == total {
+            return (x + v.get(i + 1).map_or(x, |n| n.0)) / 2.0;
+        }
+    }
+    v.last().map_or(f64::NAN, |p| p.0)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

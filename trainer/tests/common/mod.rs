@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crossbeam_channel::{bounded, Receiver};
-use headroom_core::{Bus, BusReceivers, Command, RunConfig, RunStatus, RunSummary, Telemetry};
+use headroom_core::{
+    Bus, BusReceivers, Command, Record, RunConfig, RunStatus, RunSummary, Telemetry,
+};
 use headroom_trainer::model::Gpt;
 use headroom_trainer::optim::{AdamW, AdamWConfig};
 use headroom_trainer::runner::{self, TrainOptions};
@@ -53,11 +55,11 @@ pub fn run(o: TrainOptions) -> Run {
 }
 
 pub fn collect(result: Result<RunSummary, String>, rx: &BusReceivers) -> Run {
-    let events: Vec<Telemetry> = rx.events.try_iter().collect();
+    let events: Vec<Telemetry> = rx.events.try_iter().map(|r| r.msg).collect();
     let losses = rx
         .metrics
         .try_iter()
-        .filter_map(|m| match m {
+        .filter_map(|m| match m.msg {
             Telemetry::Step(s) => Some((s.step, s.loss)),
             _ => None,
         })
@@ -150,16 +152,17 @@ pub fn max_rel_diff_per_tensor(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)
     worst
 }
 
-pub fn next_event(rx: &Receiver<Telemetry>) -> Telemetry {
+pub fn next_event(rx: &Receiver<Record>) -> Telemetry {
     rx.recv_timeout(Duration::from_secs(30))
         .expect("the trainer answers within 30 s")
+        .msg
 }
 
 pub fn status(s: RunStatus) -> Telemetry {
     Telemetry::Status { status: s }
 }
 
-pub fn expect_applied(rx: &Receiver<Telemetry>, cmd: Command, needle: &str) {
+pub fn expect_applied(rx: &Receiver<Record>, cmd: Command, needle: &str) {
     match next_event(rx) {
         Telemetry::CommandApplied { command, applied } => {
             assert_eq!(command, cmd);

@@ -6,12 +6,14 @@
 use headroom_core::RunStatus;
 
 use crate::app::App;
-use crate::keys::BINDINGS;
+use crate::keys::bindings;
 
-/// Dashboard keys, first left out first.
-pub const SHED_ORDER: [&str; 11] = [
-    "^Z", "Esc", "w", "↑↓", "Tab", "e", "P", "f", "+/-", "b", "t",
+/// Dashboard keys, first left out first (an attached view's `S` among the last).
+pub const SHED_ORDER: [&str; 12] = [
+    "^Z", "Esc", "w", "↑↓", "Tab", "e", "P", "f", "+/-", "b", "t", "S",
 ];
+/// A replay's keys, first left out first: its own controls stay longest.
+pub const REPLAY_SHED_ORDER: [&str; 8] = ["^Z", "Esc", "w", "Tab", "↑↓", "e", "+/-", "G"];
 /// Dashboard keys while the event list is open: its own keys stay longest.
 pub const EVENTS_SHED_ORDER: [&str; 11] =
     ["^Z", "w", "Tab", "P", "f", "+/-", "b", "t", "c", "p", "Esc"];
@@ -21,7 +23,7 @@ pub const EDITOR_SHED_ORDER: [&str; 2] = ["P", "←→"];
 /// The dashboard's keys that act now, each with the word for what it does now. Keys the
 /// app would ignore in this state are not offered.
 pub fn live(app: &App) -> Vec<(&'static str, &'static str)> {
-    BINDINGS
+    bindings(&app.mode)
         .iter()
         .filter_map(|(key, short, _)| label_now(app, key, short).map(|l| (*key, l)))
         .collect()
@@ -29,8 +31,21 @@ pub fn live(app: &App) -> Vec<(&'static str, &'static str)> {
 
 fn label_now(app: &App, key: &str, short: &'static str) -> Option<&'static str> {
     let commands = app.takes_commands();
+    if app.mode.is_replay() {
+        let paused = app.replay.is_some_and(|r| r.paused);
+        let ended = app.replay.is_some_and(|r| r.ended);
+        return match key {
+            "Space" | "n" | "G" if ended => None,
+            "Space" if paused => Some("play"),
+            "Esc" if !app.show_help && !app.show_events => None,
+            "e" if app.show_events => Some("close events"),
+            _ => Some(short),
+        };
+    }
     match key {
+        "q" if app.mode.is_attached() && !app.is_over() => Some("detach"),
         "q" if app.is_over() => Some("close"),
+        "S" if !commands => None,
         "q" if app.stop_requested => Some("quit now"),
         "p" if !commands => None,
         "p" => match app.status {
@@ -79,6 +94,8 @@ mod tests {
     use super::*;
     use crate::keys::EDITOR_BINDINGS;
 
+    use crate::keys::BINDINGS;
+
     fn all() -> Vec<(&'static str, &'static str)> {
         BINDINGS.iter().map(|(k, s, _)| (*k, *s)).collect()
     }
@@ -116,8 +133,15 @@ mod tests {
 
     #[test]
     fn every_shed_key_is_in_its_table() {
+        let attached = bindings(&crate::mode::Mode::Attached {
+            address: "a".into(),
+        });
         for k in SHED_ORDER.iter().chain(&EVENTS_SHED_ORDER) {
-            assert!(BINDINGS.iter().any(|b| b.0 == *k), "{k}");
+            assert!(attached.iter().any(|b| b.0 == *k), "{k}");
+        }
+        let replay = bindings(&crate::mode::Mode::Replay { source: "r".into() });
+        for k in REPLAY_SHED_ORDER {
+            assert!(replay.iter().any(|b| b.0 == k), "{k}");
         }
         assert!(!EVENTS_SHED_ORDER.contains(&"e") && !EVENTS_SHED_ORDER.contains(&"q"));
         for k in EDITOR_SHED_ORDER {

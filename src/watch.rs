@@ -1,0 +1,155 @@
+//! The commands that watch a run from outside it: `ls`, `attach`, `replay`.
+use std::io::{BufRead, IsTerminal, Write};
+use std::process::ExitCode;
+
+use anyhow::{bail, Result};
+use headroom_core::protocol::Want;
+use headroom_ui::{DashboardOptions, Mode};
+
+use crate::cli::{AttachArgs, ReplayArgs};
+use crate::client;
+use crate::conn::Target;
+use crate::ls::{self, Found};
+use crate::{out, rundir};
+
+pub fn ls() -> Result<ExitCode> {
+    let found = ls::scan(&mut |s| out::err(&format!("headroom: {s}")))?;
+    if found.is_empty() {
+        out::err(&format!(
+            "headroom: no runs are running (sockets live in {})",
+            rundir::dir()?.display()
+        ));
+        return Ok(ExitCode::SUCCESS);
+    }
+    for line in ls::table(&found) {
+        out::out(&line);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The token for a TCP target: the flag's file, else HEADROOM_TOKEN.
+fn token(args: &AttachArgs) -> Result<Option<String>> {
+    if let Some(f) = &args.token_file {
+        return Ok(Some(rundir::read_token(f)?));
+    }
+    Ok(std::env::var("HEADROOM_TOKEN")
+        .ok()
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty()))
+}
+
+/// Which run to attach to: the argument, or the only live run, or the user's choice.
+fn choose(args: &AttachArgs) -> Result<Target> {
+    let mut notes = Vec::new();
+    let found = ls::scan(&mut |s| notes.push(s))?;
+    for n in notes {
+        out::err(&format!("headroom: {n}"));
+    }
+    let runs = ls::runs(&found);
+    if let Some(arg) = &args.target {
+        return client::target_of(arg, &runs).map_err(|e| anyhow::anyhow!(e));
+    }
+    match runs.len() {
+        0 => bail!(
+            "no runs are running (start one with `headroom train`; a remote run: headroom \
+             attach HOST:PORT --token-file FILE, or forward its socket with ssh -L)"
+        ),
+        1 => Ok(Target::Unix(runs[0].2.clone())),
+        _ => {
+            let table = ls::table(&found);
+            if !std::io::stdin().is_terminal() {
+                bail!(
+                    "{} runs are running; name one: headroom attach NAME\n{}",
+                    runs.len(),
+                    table.join("\n")
+                );
+            }
+            out::err(&format!("   {}", table[0]));
+            for (i, line) in table[1..].iter().enumerate() {
+                out::err(&format!("{:>2} {line}", i + 1));
+            }
+            eprint!("attach to which run (1-{})? ", runs.len());
+            let _ = std::io::stderr().flush();
+            let mut answer = String::new();
+            std::io::stdin().lock().read_line(&mut answer)?;
+            let live: Vec<&Found> = found
+                .iter()
+                .filter(|f| matches!(f, Found::Live(..)))
+                .collect();
+            match answer.trim().parse::<usize>() {
+                Ok(n) if (1..=live.len()).contains(&n) => match live[n - 1] {
+                    Found::Live(sock, _) => Ok(Target::Unix(sock.clone())),
+                    Found::NotAnswering(..) => unreachable!("filtered"),
+                },
+                _ => bail!(
+                    "no run chosen (answer with a number from 1 to {})",
+                    runs.len()
+                ),
+            }
+        }
+    }
+}
+
+pub fn attach(args: AttachArgs) -> Result<ExitCode> {
+    let target = choose(&args)?;
+    let token = token(&args)?;
+    if matches!(target, Target::Tcp(_)) && token.is_none() {
+        bail!(
+            "{target} needs the run's token: pass --token-file FILE (the run wrote it 0600 \
+             beside its socket, see the run's \"serving on\" notice) or set HEADROOM_TOKEN"
+        );
+    }
+    let session = client::handshake(&target, token.as_deref(), Want::Stream)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let name = session.hello.run_name.clone();
+    if !std::io::stdout().is_terminal() {
+        bail!("attach draws the dashboard: run it in a terminal");
+    }
+    let feed = client::attach_feed(session, target.clone(), token);
+    let opts = DashboardOptions {
+        mode: Mode::Attached {
+            address: target.to_string(),
+        },
+        ..DashboardOptions::from_env(&name)
+    };
+    let exit = headroom_ui::run_dashboard(feed, opts)?;
+    if exit.detached {
+        out::err(&format!(
+            "headroom: detached from {name}; it goes on (headroom attach {name} to come back)"
+        ));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn replay(args: ReplayArgs) -> Result<ExitCode> {
+    if !(args.speed.is_finite() && args.speed > 0.0) {
+        bail!(
+            "--speed {}: give a positive number, e.g. 1, 10 or 0.5",
+            args.speed
+        );
+    }
+    if !std::io::stdout().is_terminal() {
+        bail!("replay draws the dashboard: run it in a terminal");
+    }
+    let feed = headroom_ui::replay::replay_feed(
+        &args.log,
+        headroom_ui::replay::ReplayOptions {
+            speed: args.speed,
+            follow: args.follow,
+            start_at_end: args.end,
+        },
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let name = args
+        .log
+        .file_stem()
+        .map_or("replay".into(), |s| s.to_string_lossy().to_string());
+    let opts = DashboardOptions {
+        mode: Mode::Replay {
+            source: args.log.display().to_string(),
+        },
+        ..DashboardOptions::from_env(&name)
+    };
+    headroom_ui::run_dashboard(feed, opts)?;
+    Ok(ExitCode::SUCCESS)
+}
