@@ -201,11 +201,12 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
     let dropped = bus.dropped();
     let losses = bus.sink_losses();
     drop(bus);
-    let log_error = log_writer.and_then(|w| w.finish(Duration::from_secs(5)));
     if let Some(server) = server {
-        // Attached viewers get the last records (the run's end) before the socket goes.
+        // Attached viewers get the last records (the run's end) before the socket goes;
+        // first, since the server's notices reach the log, whose writer ends after them.
         server.finish(Duration::from_secs(2));
     }
+    let log_error = log_writer.and_then(|w| w.finish(Duration::from_secs(5)));
     if let Some(e) = &log_error {
         out::err(&format!("headroom: warning: {e}"));
     }

@@ -72,6 +72,7 @@ pub struct Server {
     stop: Arc<AtomicBool>,
     hub: Option<JoinHandle<()>>,
     listeners: Vec<JoinHandle<()>>,
+    shared: Arc<Shared>,
 }
 
 /// `--listen`'s value as an address: a bare port (or `:PORT`) is loopback.
@@ -108,7 +109,9 @@ struct Shared {
     run_over: AtomicBool,
     viewers: AtomicUsize,
     stop: Arc<AtomicBool>,
-    notices: Bus,
+    /// Taken at [`Server::finish`]: held longer, it would keep the log's queue open and
+    /// the log writer waiting for the end of its records.
+    notices: std::sync::Mutex<Option<Bus>>,
     next_id: AtomicU64,
 }
 
@@ -193,7 +196,7 @@ impl Server {
             run_over: AtomicBool::new(false),
             viewers: AtomicUsize::new(0),
             stop: Arc::clone(&stop),
-            notices,
+            notices: std::sync::Mutex::new(Some(notices)),
             next_id: AtomicU64::new(1),
         });
         let hub = {
@@ -246,6 +249,7 @@ impl Server {
             stop,
             hub: Some(hub),
             listeners,
+            shared,
         })
     }
 
@@ -279,6 +283,11 @@ impl Server {
         if self.stop.swap(true, Ordering::SeqCst) {
             return;
         }
+        self.shared
+            .notices
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         // The listeners sit in accept(): one connection each wakes them to see `stop`
         // (before the socket's name goes, or there is nothing left to connect to).
         let _ = UnixStream::connect(&self.addresses.socket);
@@ -761,9 +770,14 @@ fn check_command(command: &Command, shared: &Shared) -> Result<(), String> {
 }
 
 fn notice(shared: &Shared, level: Level, text: String) {
-    shared
+    if let Some(bus) = shared
         .notices
-        .send(Telemetry::Notice(Notice::new(level, "serve", text)));
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+    {
+        bus.send(Telemetry::Notice(Notice::new(level, "serve", text)));
+    }
 }
 
 #[cfg(test)]

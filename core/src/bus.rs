@@ -230,10 +230,12 @@ impl Bus {
     }
 
     /// A bus that reaches the screen only: for the log writer's own notices, which must
-    /// not feed back into the log queue it drains.
+    /// not feed back into the log queue it drains, nor keep the stream server's queue
+    /// open after the run (the server ends when every sender of its records is gone).
     pub fn ui_only(&self) -> Bus {
         Bus {
             log: None,
+            serve: None,
             ..self.clone()
         }
     }
