@@ -81,12 +81,12 @@ impl Family {
     /// a regression fails the test while the seeded sweep stays as it is.
     fn floor(self) -> u32 {
         match self {
-            Family::FixedClean => 79,
-            Family::FixedNoBaseline => 69,
-            Family::FixedHeap => 52,
+            Family::FixedClean => 81,
+            Family::FixedNoBaseline => 73,
+            Family::FixedHeap => 57,
             Family::FixedCache => 72,
-            Family::FixedOutside => 65,
-            Family::FixedLimitDrop => 69,
+            Family::FixedOutside => 67,
+            Family::FixedLimitDrop => 72,
             Family::Ramp => 87,
             Family::Random => 79,
             Family::RandomHeap => 42,

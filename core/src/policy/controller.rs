@@ -558,6 +558,17 @@ impl Controller {
         (per > 0.0).then(|| ((p_hi - per * t_hi).max(0.0), per))
     }
 
+    /// Whether predictions follow [`Controller::growth_line`]: one length measured, at
+    /// sizes too close for their difference to be more than noise.
+    fn noise_bound(&self) -> bool {
+        let Some((_, slope)) = self.model.coefficients() else {
+            return false;
+        };
+        let mut seqs = self.model.points().map(|p| p.2);
+        let first = seqs.next();
+        !seqs.any(|s| Some(s) != first) && self.growth_line(slope).is_some()
+    }
+
     /// Predicted peak bytes of `micro_batch` sequences of `seq_len`.
     pub fn predicted_bytes(&self, micro_batch: usize, seq_len: usize) -> Option<u64> {
         let (fixed, per) = self.cost_at(seq_len, false)?;
@@ -866,6 +877,10 @@ impl Controller {
         self.retrying = None;
         let current = obs.micro_batch == self.micro_batch;
         self.probing &= !current;
+        // The one-sequence probe past the worst case read at or above critical: back to
+        // the size it came from, which ran cleanly (halving would put it below what fits,
+        // and a retained heap's high-water mark would never let it grow back).
+        let risk_probed = self.risk_probe && current;
         self.risk_probe &= !current;
         if usage < t.target {
             self.unresponsive = false;
@@ -957,6 +972,21 @@ impl Controller {
         }
         if usage >= t.emergency {
             out.push(Decision::EmptyCache { usage });
+        }
+        if usage >= t.critical && may_resize && risk_probed && obs.micro_batch > self.floor() {
+            let reason = if usage >= t.emergency {
+                ResizeReason::Emergency
+            } else {
+                ResizeReason::Critical
+            };
+            out.extend(self.resize(obs.micro_batch - 1, reason, usage));
+            // A reading there as high as this one is memory the probe left behind.
+            self.pending_shrink = Some(PendingShrink {
+                from: obs.micro_batch,
+                before: usage,
+                seq_len: obs.seq_len,
+            });
+            return out;
         }
         if usage >= 1.0 && may_resize && current {
             // Past the limit (a soft budget): what a hard one would have failed with an
@@ -1111,11 +1141,15 @@ impl Controller {
         };
         let mb = self.micro_batch;
         let fitted = self.model.is_fitted();
-        let factor = if fitted {
+        let factor = if fitted && self.noise_bound() {
+            // Sizes too close to tell their cost from noise: growth follows the steepest
+            // line within the noise, a bound from above, not the fit.
+            self.cfg.max_growth * self.cfg.max_growth
+        } else if fitted {
             self.cfg.max_growth
         } else if self.baseline.is_some() {
             // The line through the baseline over-predicts every larger size.
-            f64::INFINITY
+            self.cfg.max_growth * self.cfg.max_growth
         } else {
             self.cfg.probe_growth
         };
@@ -1337,7 +1371,12 @@ impl Controller {
                 retry_with,
             };
         }
-        let to = self.after_oom(micro_batch, seq_len, !self.seen_first);
+        // The one-sequence probe failed: back to the size it came from, which ran.
+        let to = if self.risk_probe && micro_batch == self.micro_batch {
+            micro_batch - 1
+        } else {
+            self.after_oom(micro_batch, seq_len, !self.seen_first)
+        };
         decisions.extend(self.resize(to, ResizeReason::Oom, 1.0));
         OomOutcome {
             decisions,
