@@ -2,13 +2,16 @@
 //!
 //!     ./dev cargo bench --bench viewers              # 4 rounds of 0 vs 3 viewers, 300 steps
 //!     ./dev cargo bench --bench viewers -- 6 400     # rounds, steps
+//!     ./dev cargo bench --bench viewers -- 2 100 throughput   # without the attach part
 //!
 //! 1. Throughput: `headroom train --headless` on the default config, alternately with no
 //!    viewer and with three viewers attached from the first step to the last (each reads
 //!    and parses every line, as `headroom attach` does). Steps per second come from the
 //!    run log's own clock (`t` of step 2 to the last step), so start-up and the final
 //!    checkpoint are outside the measurement. Reported: the median of each side and
-//!    their ratio.
+//!    their ratio; and, free of that noise, the CPU time of the stream server's threads
+//!    (hub, listeners, a writer and a reader per viewer) against the whole run's, from the
+//!    kernel's per-thread scheduler statistics.
 //! 2. Attach to first full frame: a run with a full catch-up (512 steps, 1200 samples,
 //!    500 events: what ten minutes of a default run leave, reached here in under a minute
 //!    with `sample_hz = 40` on the tiny model), then ten attaches, each timed from
@@ -106,6 +109,47 @@ fn steps_per_s(log: &Path) -> f64 {
     (last.0 - 2) as f64 / (last.1 - t0)
 }
 
+/// CPU nanoseconds per thread of process `pid` (keyed `name/tid`), from the scheduler's
+/// statistics, read from outside so the measurement adds nothing to the run.
+fn thread_cpu(pid: u32) -> std::collections::HashMap<String, u64> {
+    let mut out = std::collections::HashMap::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let dir = task.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        let ns: u64 = std::fs::read_to_string(dir.join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0);
+        let tid = dir.file_name().unwrap().to_string_lossy().to_string();
+        out.insert(format!("{}/{tid}", comm.trim()), ns);
+    }
+    out
+}
+
+/// Polls a run's threads until it exits; returns (the stream server's threads, all
+/// threads) in CPU seconds, each thread at the last value seen (threads that exit early
+/// keep what they used).
+fn watch_cpu(pid: u32, child: &mut Child) -> (f64, f64) {
+    let mut last = std::collections::HashMap::new();
+    while child.try_wait().unwrap().is_none() {
+        last.extend(thread_cpu(pid));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let serve = |name: &str| name.starts_with("serve-") || name.starts_with("viewer-");
+    let (mut s, mut all) = (0u64, 0u64);
+    for (k, v) in &last {
+        all += v;
+        if serve(k) {
+            s += v;
+        }
+    }
+    (s as f64 / 1e9, all as f64 / 1e9)
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
@@ -128,7 +172,13 @@ fn throughput(dir: &Path, rounds: usize, steps: u64) {
             } else {
                 Vec::new()
             };
+            let (serve_s, all_s) = watch_cpu(child.id(), &mut child);
             assert!(child.wait().unwrap().success(), "run {tag} failed");
+            println!(
+                "round {round}: {viewers} viewers: the stream server's threads used {serve_s:.3} \
+                 CPU s of the run's {all_s:.1} ({:.3}%)",
+                100.0 * serve_s / all_s
+            );
             let lines: Vec<u64> = readers.into_iter().map(|r| r.join().unwrap()).collect();
             let rate = steps_per_s(&dir.join(format!("{tag}.jsonl")));
             println!("round {round}: {viewers} viewers {rate:.3} steps/s (lines read {lines:?})");
@@ -219,6 +269,8 @@ fn main() {
     let rounds = args.first().and_then(|a| a.parse().ok()).unwrap_or(4);
     let steps = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(300);
     let dir = tempfile::tempdir().unwrap();
-    attach_latency(dir.path());
+    if !std::env::args().any(|a| a == "throughput") {
+        attach_latency(dir.path());
+    }
     throughput(dir.path(), rounds, steps);
 }
