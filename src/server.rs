@@ -439,16 +439,21 @@ fn accept(conn: Conn, shared: &Arc<Shared>) {
     drop(spawned);
 }
 
-/// Sends one error line and closes, so that the client reads the line: what it sent and
-/// we did not read (a hello refused before reading it) is drained a moment first, since
-/// closing over unread data resets the connection and can lose the line on its way.
+/// Sends one error line and closes.
 fn refuse(conn: &mut Conn, code_: &str, message: &str) {
     let _ = send_line(conn, &ServerControl::error(code_, message, true).to_line());
+    linger_close(conn);
+}
+
+/// Closes so that what was sent arrives: what the client sent and was not read (a hello
+/// refused before reading it, the rest of a line too long) is drained a moment first,
+/// since closing over unread data resets the connection and can lose the last line.
+fn linger_close(conn: &mut Conn) {
     conn.shutdown_write();
     let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
     let mut sink = [0u8; 8192];
-    let mut drained = 0;
-    while drained < 1 << 20 {
+    let (mut drained, deadline) = (0, Instant::now() + Duration::from_millis(200));
+    while drained < 1 << 20 && Instant::now() < deadline {
         match std::io::Read::read(conn, &mut sink) {
             Ok(0) | Err(_) => break,
             Ok(n) => drained += n,
@@ -608,7 +613,8 @@ fn serve_viewer(mut conn: Conn, id: u64, shared: Arc<Shared>) {
             }
         }
     }
-    conn.close();
+    // A fatal error line (a line too long, a flood, too slow) may be the last thing sent.
+    linger_close(&mut conn);
     shared.viewers.fetch_sub(1, Ordering::SeqCst);
 }
 

@@ -249,11 +249,6 @@ impl Bus {
         }
     }
 
-    /// Seconds since the run's start, on the clock records are stamped with.
-    pub fn elapsed(&self) -> f64 {
-        self.started.elapsed().as_secs_f64()
-    }
-
     /// High-rate messages dropped so far because a consumer lagged.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)

@@ -363,11 +363,6 @@ impl CatchUp {
         all.into_iter().map(|(_, r)| r.clone()).collect()
     }
 
-    /// The run's start record, once seen.
-    pub fn run_started(&self) -> Option<&Record> {
-        self.started.as_ref().map(|(_, r)| r)
-    }
-
     /// The `run_status` answer, from what has passed.
     pub fn status_line(&self, pid: u32, viewers: usize, elapsed_s: f64) -> RunStatusLine {
         let mut line = RunStatusLine {
