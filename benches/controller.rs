@@ -41,11 +41,12 @@ use std::time::Instant;
 
 use headroom_core::config::Lengths;
 use headroom_core::{Bus, RunConfig, RunStatus, Telemetry};
+use headroom_host::procmem::status_kib;
 use headroom_trainer::data::Dataset;
 use headroom_trainer::model::Gpt;
 use headroom_trainer::oom;
 use headroom_trainer::optim::{AdamW, AdamWConfig};
-use headroom_trainer::peak::{status_kib, PeakMeter};
+use headroom_trainer::peak::PeakMeter;
 use headroom_trainer::runner::{self, TrainOptions};
 use headroom_trainer::schedule::Schedule;
 use headroom_trainer::step::{train_step, StepPlan};

@@ -1,14 +1,8 @@
 //! `headroom`: wires the trainer thread, the sampler, the log writer and the screen.
 mod cli;
 mod client;
-mod conn;
 mod headless;
-mod logger;
 mod ls;
-mod out;
-mod rundir;
-mod sampler;
-mod server;
 mod signals;
 mod watch;
 
@@ -23,6 +17,8 @@ use clap::Parser;
 use crossbeam_channel::{bounded, Sender};
 use headroom_core::units::{fmt_bytes, fmt_duration, fmt_split};
 use headroom_core::{Bus, Command, RunSummary};
+use headroom_host::{conn, logger, out, rundir, sampler, server};
+use headroom_trainer::alloc_stats::LibtorchAllocator;
 use headroom_trainer::runner::{self, TrainOptions};
 
 use cli::{Cli, Commands, TrainArgs};
@@ -143,7 +139,14 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
         _ => None,
     };
     let server = serve(&config.run.name, &args, &mut rx, &cmd_tx, &bus);
-    let sampler = sampler::Sampler::start(bus.clone(), trainer.cuda_index(), config.run.sample_hz);
+    let sampler = sampler::Sampler::start(
+        bus.clone(),
+        trainer.cuda_index(),
+        config.run.sample_hz,
+        trainer
+            .cuda_index()
+            .map(|i| Box::new(LibtorchAllocator(i)) as Box<dyn sampler::AllocatorSource>),
+    );
     let flags = signals::Flags::default();
     signals::forward(
         cmd_tx.clone(),

@@ -3,7 +3,8 @@
 //! "no accelerator" instead of failing.
 use std::ffi::{c_char, c_int, CStr};
 
-use headroom_core::AllocatorStats;
+use headroom_core::{AllocatorStats, SegmentMap};
+use headroom_host::sampler::AllocatorSource;
 
 #[repr(C)]
 #[derive(Default)]
@@ -52,6 +53,20 @@ fn checked(call: impl FnOnce(*mut c_char, usize) -> c_int) -> Result<(), String>
     } else {
         let msg = unsafe { CStr::from_ptr(buf.as_ptr()) };
         Err(msg.to_string_lossy().into_owned())
+    }
+}
+
+/// libtorch's allocator on one CUDA device, for the sampler.
+pub struct LibtorchAllocator(pub usize);
+
+impl AllocatorSource for LibtorchAllocator {
+    fn stats(&mut self) -> Option<Result<AllocatorStats, String>> {
+        device_stats(self.0)
+    }
+
+    fn segments(&mut self) -> Option<Result<SegmentMap, String>> {
+        let index = self.0;
+        Some(crate::snapshot::pickled()?.and_then(|b| crate::snapshot::segment_map(&b, index)))
     }
 }
 

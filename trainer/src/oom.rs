@@ -7,8 +7,9 @@
 //! so both arrive here as a message.
 use tch::{Device, Kind, TchError, Tensor};
 
+use headroom_host::procmem;
+
 use crate::alloc_stats;
-use crate::peak;
 
 /// True when libtorch's message says an allocation failed.
 pub fn is_oom_message(text: &str) -> bool {
@@ -89,8 +90,7 @@ pub fn free_cached(device: Device) -> Result<(), String> {
     match device {
         Device::Cuda(_) => alloc_stats::empty_cache(),
         _ => {
-            // SAFETY: malloc_trim only walks glibc's own heap; any argument is valid.
-            unsafe { libc::malloc_trim(0) };
+            procmem::trim_heap();
             Ok(())
         }
     }
@@ -103,7 +103,7 @@ pub fn held(device: Device) -> (&'static str, String) {
         Device::Cuda(n) => alloc_stats::device_stats(n)
             .and_then(Result::ok)
             .map(|s| s.reserved),
-        _ => peak::status_kib("VmRSS:").map(|k| k * 1024),
+        _ => procmem::rss_bytes(),
     };
     let name = if device.is_cuda() {
         "reserved"
@@ -116,58 +116,8 @@ pub fn held(device: Device) -> (&'static str, String) {
     )
 }
 
-/// Under a hard cap, allocations from this size up are mmapped (see [`set_hard_limit`]).
-const MMAP_THRESHOLD: i32 = 64 << 10;
-
-/// The least a hard-capped budget must leave above the resident set at the start.
-/// Measured: with 6 MiB the sampler's own small allocations failed and the process
-/// aborted; with 10 MiB and more, every failure was libtorch's and was recovered.
-pub const HARD_LIMIT_ROOM: u64 = 32 << 20;
-
-/// Caps the process's data segment so that an allocation taking the resident set past
-/// `budget` bytes fails (RLIMIT_DATA counts address space, RSS counts touched pages: the
-/// cap is the data size now plus the budget left above the resident set now). Returns
-/// the cap. Process-wide: a Rust allocation past it would abort, which is why this is
-/// opt-in and the controller keeps usage under target, below the cap.
-pub fn set_hard_limit(budget: u64) -> Result<u64, String> {
-    // RLIMIT_DATA counts the heap's size, and glibc keeps freed tensor memory in the heap
-    // (malloc_trim returns pages, not address space): after one step near the cap, every
-    // later allocation failed, micro-batch 1 included, while the resident set was half the
-    // budget.
-    // Served by mmap, a freed tensor leaves the data segment at once. Not for every CPU
-    // run: each large tensor then comes from fresh pages, and the default model trained
-    // 1.6-1.8x slower (benches/overhead.rs; docs/BENCHMARKS.md).
-    // SAFETY: mallopt only sets a glibc tunable; called before training allocates.
-    if unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) } != 1 {
-        return Err("cannot set glibc's mmap threshold for --hard-limit".into());
-    }
-    let rss = peak::status_kib("VmRSS:").ok_or("cannot read VmRSS from /proc/self/status")? * 1024;
-    let data =
-        peak::status_kib("VmData:").ok_or("cannot read VmData from /proc/self/status")? * 1024;
-    if budget < rss + HARD_LIMIT_ROOM {
-        return Err(format!(
-            "--memory-budget {} leaves less than {} above what the process already holds \
-             ({} resident before training); the cap is process-wide, and a budget this tight \
-             makes any allocation fail, not just training's; raise --memory-budget",
-            headroom_core::units::fmt_bytes(budget),
-            headroom_core::units::fmt_bytes(HARD_LIMIT_ROOM),
-            headroom_core::units::fmt_bytes(rss)
-        ));
-    }
-    let cap = data + (budget - rss);
-    let lim = libc::rlimit {
-        rlim_cur: cap,
-        rlim_max: libc::RLIM_INFINITY,
-    };
-    // SAFETY: a plain syscall on a fully initialised struct.
-    if unsafe { libc::setrlimit(libc::RLIMIT_DATA, &lim) } != 0 {
-        return Err(format!(
-            "cannot set RLIMIT_DATA for --hard-limit: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok(cap)
-}
+/// See [`procmem::set_hard_limit`]; re-exported where the trainer's memory lives.
+pub use procmem::{set_hard_limit, HARD_LIMIT_ROOM};
 
 #[cfg(test)]
 mod tests {

@@ -7,12 +7,10 @@
 //!
 //! CPU: the process's peak resident set since the step began (`VmHWM`, reset by writing
 //! `5` to /proc/self/clear_refs) over the budget (`--memory-budget`, else host memory).
-use std::fs;
-use std::io::Write;
-
 use tch::Device;
 
 use crate::alloc_stats;
+use headroom_host::procmem::{self, host_total_bytes};
 
 pub struct PeakMeter {
     device: Device,
@@ -57,10 +55,7 @@ impl PeakMeter {
     pub fn current_limit(&self) -> u64 {
         match self.device {
             Device::Cuda(_) => self.limit,
-            _ => match (status_kib("VmRSS:"), host_available_bytes()) {
-                (Some(rss), Some(avail)) => self.limit.min(rss * 1024 + avail),
-                _ => self.limit,
-            },
+            _ => procmem::current_cpu_limit(self.limit),
         }
     }
 
@@ -74,11 +69,7 @@ impl PeakMeter {
         match self.device {
             Device::Cuda(n) => alloc_stats::reset_peak_stats(n),
             _ if !self.resettable => Ok(()),
-            _ => fs::OpenOptions::new()
-                .write(true)
-                .open("/proc/self/clear_refs")
-                .and_then(|mut f| f.write_all(b"5"))
-                .map_err(|e| format!("cannot reset the peak RSS via /proc/self/clear_refs: {e}")),
+            _ => procmem::reset_peak_rss(),
         }
     }
 
@@ -93,33 +84,9 @@ impl PeakMeter {
                 let outside = total.saturating_sub(free).saturating_sub(stats.reserved);
                 Ok(stats.allocated_peak + outside)
             }
-            _ => status_kib("VmHWM:")
-                .map(|k| k * 1024)
-                .ok_or_else(|| "cannot read VmHWM from /proc/self/status".into()),
+            _ => procmem::peak_rss_bytes(),
         }
     }
-}
-
-/// A `kB` line of /proc/self/status (`VmHWM:`, `VmRSS:`, `VmData:`).
-pub fn status_kib(key: &str) -> Option<u64> {
-    kib_line(&fs::read_to_string("/proc/self/status").ok()?, key)
-}
-
-/// Memory the kernel could still hand out without swapping (MemAvailable), bytes.
-pub fn host_available_bytes() -> Option<u64> {
-    kib_line(&fs::read_to_string("/proc/meminfo").ok()?, "MemAvailable:").map(|k| k * 1024)
-}
-
-/// Total host memory, bytes.
-pub fn host_total_bytes() -> Option<u64> {
-    kib_line(&fs::read_to_string("/proc/meminfo").ok()?, "MemTotal:").map(|k| k * 1024)
-}
-
-fn kib_line(text: &str, key: &str) -> Option<u64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
 }
 
 #[cfg(test)]
@@ -152,14 +119,6 @@ mod tests {
         );
     }
 
-    #[test]
-    fn reads_kib_lines() {
-        let text = "Name:\tx\nVmHWM:\t  1234 kB\nVmRSS:\t 99 kB\n";
-        assert_eq!(kib_line(text, "VmHWM:"), Some(1234));
-        assert_eq!(kib_line(text, "VmData:"), None);
-        assert!(host_total_bytes().unwrap() > 1 << 28);
-    }
-
     /// Memory another process takes lowers the CPU limit the controller and the screen
     /// use: "23 GiB to the limit" while another job held 61% of the host misled.
     #[test]
@@ -168,7 +127,7 @@ mod tests {
         let before = meter.current_limit();
         assert!(before <= meter.limit());
         let hog = 3u64 << 30;
-        if host_available_bytes().unwrap() < 2 * hog {
+        if procmem::host_available_bytes().unwrap() < 2 * hog {
             eprintln!("SKIPPED: not enough free memory to hold 3 GiB in another process");
             return;
         }

@@ -23,6 +23,7 @@ use headroom_core::{
     Bus, Command, EvalMetrics, Level, MemorySummary, Notice, RunConfig, RunInfo, RunStatus,
     RunSummary, StepMemory, StepMetrics, Telemetry,
 };
+use headroom_host::procmem;
 use tch::{Device, TchError};
 
 use crate::checkpoint::{self, CheckpointError, CheckpointState, CorpusRecord};
@@ -335,7 +336,7 @@ fn check_model_fits(cfg: &RunConfig, device: Device) -> Result<(), TrainError> {
         },
         _ => match cfg.memory.budget_bytes().ok().flatten() {
             Some(b) => (b, "the budget (--memory-budget)".to_string()),
-            None => match crate::peak::host_available_bytes() {
+            None => match procmem::host_available_bytes() {
                 Some(a) => (a, "the host memory available".to_string()),
                 None => return Ok(()),
             },
@@ -672,8 +673,8 @@ impl Trainer {
         let thresholds = mem.thresholds().map_err(config)?;
         let mut budget = mem.budget_bytes().map_err(config)?;
         if mem.is_auto_budget() && device == Device::Cpu {
-            let held = crate::peak::status_kib("VmRSS:").map(|k| k * 1024);
-            let available = crate::peak::host_available_bytes();
+            let held = procmem::rss_bytes();
+            let available = procmem::host_available_bytes();
             if let (Some(held), Some(available)) = (held, available) {
                 let b = headroom_core::config::auto_budget(held, available);
                 budget = Some(b);
@@ -707,8 +708,7 @@ impl Trainer {
                  device's memory",
             ));
         }
-        if let (Some(b), Some(rss)) = (budget, crate::peak::status_kib("VmRSS:")) {
-            let held = rss * 1024;
+        if let (Some(b), Some(held)) = (budget, procmem::rss_bytes()) {
             // Under a budget the process already exceeds, every step is an emergency and
             // the controller can only shrink to nothing.
             if device == Device::Cpu && b <= held {

@@ -4,7 +4,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Sender};
-use headroom_core::{Bus, GpuStats, HostStats, Level, Notice, SystemSample, Telemetry};
+use headroom_core::{
+    AllocatorStats, Bus, GpuStats, HostStats, Level, Notice, SegmentMap, SystemSample, Telemetry,
+};
 use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::Nvml;
 use sysinfo::{Pid, ProcessRefreshKind, ProcessesToUpdate, System};
@@ -16,19 +18,34 @@ const SNAPSHOT_EVERY: Duration = Duration::from_secs(2);
 /// a device the run does not touch, so none are read).
 pub type CudaIndex = Option<usize>;
 
+/// The CUDA caching allocator of whatever trains: libtorch through the built-in trainer's
+/// shim, or `torch.cuda` through Python. Read on the sampler's thread.
+pub trait AllocatorSource: Send {
+    /// The allocator's statistics; `None` when there is no accelerator.
+    fn stats(&mut self) -> Option<Result<AllocatorStats, String>>;
+    /// The segment map; `None` when there is no accelerator.
+    fn segments(&mut self) -> Option<Result<SegmentMap, String>>;
+}
+
 pub struct Sampler {
     stop: Sender<()>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Sampler {
-    pub fn start(bus: Bus, cuda: CudaIndex, hz: f64) -> Sampler {
+    /// `allocator` is read only when `cuda` names a device.
+    pub fn start(
+        bus: Bus,
+        cuda: CudaIndex,
+        hz: f64,
+        allocator: Option<Box<dyn AllocatorSource>>,
+    ) -> Sampler {
         let (stop, stopped) = bounded::<()>(1);
         let period = Duration::from_secs_f64(1.0 / hz);
         let thread = std::thread::Builder::new()
             .name("sampler".into())
             .spawn(move || {
-                let mut sources = Sources::open(&bus, cuda);
+                let mut sources = Sources::open(&bus, cuda, allocator);
                 loop {
                     bus.send(Telemetry::Sample(sources.read(&bus)));
                     if let Some(map) = sources.segments(&bus) {
@@ -63,6 +80,7 @@ struct Sources {
     pid: Option<Pid>,
     nvml: Option<Nvml>,
     cuda: CudaIndex,
+    alloc: Option<Box<dyn AllocatorSource>>,
     gpu_failed: bool,
     /// NVML reads that answered; `fail_gpu_after` of them, then NVML "loses the GPU"
     /// (`HEADROOM_INJECT_NVML_FAILURE=N`: the test of a driver failing mid-run).
@@ -74,7 +92,7 @@ struct Sources {
 }
 
 impl Sources {
-    fn open(bus: &Bus, cuda: CudaIndex) -> Sources {
+    fn open(bus: &Bus, cuda: CudaIndex, alloc: Option<Box<dyn AllocatorSource>>) -> Sources {
         let sys = match System::new() {
             Ok(s) => Some(s),
             Err(e) => {
@@ -109,6 +127,7 @@ impl Sources {
             pid: sysinfo::get_current_pid().ok(),
             nvml,
             cuda,
+            alloc,
             gpu_failed: false,
             gpu_reads: 0,
             fail_gpu_after: std::env::var("HEADROOM_INJECT_NVML_FAILURE")
@@ -192,12 +211,12 @@ impl Sources {
         }
     }
 
-    fn allocator(&mut self, bus: &Bus) -> Option<headroom_core::AllocatorStats> {
-        let index = self.cuda?;
+    fn allocator(&mut self, bus: &Bus) -> Option<AllocatorStats> {
+        self.cuda?;
         if self.allocator_failed {
             return None;
         }
-        match headroom_trainer::alloc_stats::device_stats(index)? {
+        match self.alloc.as_mut()?.stats()? {
             Ok(s) => Some(s),
             Err(e) => {
                 self.allocator_failed = true;
@@ -215,8 +234,8 @@ impl Sources {
 
 impl Sources {
     /// The segment map, when one is due (CUDA runs only).
-    fn segments(&mut self, bus: &Bus) -> Option<headroom_core::SegmentMap> {
-        let index = self.cuda?;
+    fn segments(&mut self, bus: &Bus) -> Option<SegmentMap> {
+        self.cuda?;
         if self.snapshot_failed
             || self
                 .last_snapshot
@@ -225,9 +244,7 @@ impl Sources {
             return None;
         }
         self.last_snapshot = Some(Instant::now());
-        let result = headroom_trainer::snapshot::pickled()?
-            .and_then(|bytes| headroom_trainer::snapshot::segment_map(&bytes, index));
-        match result {
+        match self.alloc.as_mut()?.segments()? {
             Ok(map) => Some(map),
             Err(e) => {
                 self.snapshot_failed = true;

@@ -1,0 +1,11 @@
+//! What a training process does on its host besides training, whatever trains: the
+//! built-in libtorch trainer or a Python loop through the `headroom` package.
+//!
+//! No libtorch here: the Python extension links this crate beside the user's own torch.
+pub mod conn;
+pub mod logger;
+pub mod out;
+pub mod procmem;
+pub mod rundir;
+pub mod sampler;
+pub mod server;

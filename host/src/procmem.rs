@@ -1,0 +1,149 @@
+//! This process's memory as the kernel counts it: the resident set, its peak since a
+//! reset, what the host could still give, and a hard cap. Linux `/proc` and glibc only,
+//! no libtorch: the built-in trainer and a Python run measure a CPU step the same way.
+use std::fs;
+use std::io::Write;
+
+/// A `kB` line of /proc/self/status (`VmHWM:`, `VmRSS:`, `VmData:`).
+pub fn status_kib(key: &str) -> Option<u64> {
+    kib_line(&fs::read_to_string("/proc/self/status").ok()?, key)
+}
+
+/// The resident set now, bytes.
+pub fn rss_bytes() -> Option<u64> {
+    status_kib("VmRSS:").map(|k| k * 1024)
+}
+
+/// Memory the kernel could still hand out without swapping (MemAvailable), bytes.
+pub fn host_available_bytes() -> Option<u64> {
+    kib_line(&fs::read_to_string("/proc/meminfo").ok()?, "MemAvailable:").map(|k| k * 1024)
+}
+
+/// Total host memory, bytes.
+pub fn host_total_bytes() -> Option<u64> {
+    kib_line(&fs::read_to_string("/proc/meminfo").ok()?, "MemTotal:").map(|k| k * 1024)
+}
+
+fn kib_line(text: &str, key: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+}
+
+/// Starts a new peak window: VmHWM becomes the resident set now (writing `5` to
+/// /proc/self/clear_refs). Without it VmHWM is the peak since the process began.
+pub fn reset_peak_rss() -> Result<(), String> {
+    fs::OpenOptions::new()
+        .write(true)
+        .open("/proc/self/clear_refs")
+        .and_then(|mut f| f.write_all(b"5"))
+        .map_err(|e| format!("cannot reset the peak RSS via /proc/self/clear_refs: {e}"))
+}
+
+/// The peak resident set since the last [`reset_peak_rss`], bytes.
+pub fn peak_rss_bytes() -> Result<u64, String> {
+    status_kib("VmHWM:")
+        .map(|k| k * 1024)
+        .ok_or_else(|| "cannot read VmHWM from /proc/self/status".into())
+}
+
+/// A CPU limit as it stands now: never more than this process holds plus what the kernel
+/// could still give it, so memory other processes take lowers it.
+pub fn current_cpu_limit(configured: u64) -> u64 {
+    match (rss_bytes(), host_available_bytes()) {
+        (Some(rss), Some(avail)) => configured.min(rss + avail),
+        _ => configured,
+    }
+}
+
+/// Returns glibc's free heap pages to the kernel (`malloc_trim`): they otherwise keep the
+/// resident set (and a hard cap's count) at the old peak after a smaller step.
+pub fn trim_heap() {
+    // SAFETY: malloc_trim only walks glibc's own heap; any argument is valid.
+    unsafe { libc::malloc_trim(0) };
+}
+
+/// Under a hard cap, allocations from this size up are mmapped (see [`set_hard_limit`]).
+const MMAP_THRESHOLD: i32 = 64 << 10;
+
+/// The least a hard-capped budget must leave above the resident set at the start.
+/// Measured: with 6 MiB the sampler's own small allocations failed and the process
+/// aborted; with 10 MiB and more, every failure was libtorch's and was recovered.
+pub const HARD_LIMIT_ROOM: u64 = 32 << 20;
+
+/// Caps the process's data segment so that an allocation taking the resident set past
+/// `budget` bytes fails (RLIMIT_DATA counts address space, RSS counts touched pages: the
+/// cap is the data size now plus the budget left above the resident set now). Returns
+/// the cap. Process-wide: a Rust allocation past it would abort, which is why this is
+/// opt-in and the controller keeps usage under target, below the cap.
+pub fn set_hard_limit(budget: u64) -> Result<u64, String> {
+    // RLIMIT_DATA counts the heap's size, and glibc keeps freed tensor memory in the heap
+    // (malloc_trim returns pages, not address space): after one step near the cap, every
+    // later allocation failed, micro-batch 1 included, while the resident set was half the
+    // budget.
+    // Served by mmap, a freed tensor leaves the data segment at once. Not for every CPU
+    // run: each large tensor then comes from fresh pages, and the default model trained
+    // 1.6-1.8x slower (benches/overhead.rs; docs/BENCHMARKS.md).
+    // SAFETY: mallopt only sets a glibc tunable; called before training allocates.
+    if unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) } != 1 {
+        return Err("cannot set glibc's mmap threshold for --hard-limit".into());
+    }
+    let rss = rss_bytes().ok_or("cannot read VmRSS from /proc/self/status")?;
+    let data = status_kib("VmData:").ok_or("cannot read VmData from /proc/self/status")? * 1024;
+    if budget < rss + HARD_LIMIT_ROOM {
+        return Err(format!(
+            "--memory-budget {} leaves less than {} above what the process already holds \
+             ({} resident before training); the cap is process-wide, and a budget this tight \
+             makes any allocation fail, not just training's; raise --memory-budget",
+            headroom_core::units::fmt_bytes(budget),
+            headroom_core::units::fmt_bytes(HARD_LIMIT_ROOM),
+            headroom_core::units::fmt_bytes(rss)
+        ));
+    }
+    let cap = data + (budget - rss);
+    let lim = libc::rlimit {
+        rlim_cur: cap,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: a plain syscall on a fully initialised struct.
+    if unsafe { libc::setrlimit(libc::RLIMIT_DATA, &lim) } != 0 {
+        return Err(format!(
+            "cannot set RLIMIT_DATA for --hard-limit: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(cap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_kib_lines() {
+        let text = "Name:\tx\nVmHWM:\t  1234 kB\nVmRSS:\t 99 kB\n";
+        assert_eq!(kib_line(text, "VmHWM:"), Some(1234));
+        assert_eq!(kib_line(text, "VmData:"), None);
+        assert!(host_total_bytes().unwrap() > 1 << 28);
+    }
+
+    #[test]
+    fn the_peak_sees_a_transient_allocation_and_resets() {
+        reset_peak_rss().unwrap();
+        let before = peak_rss_bytes().unwrap();
+        {
+            // 256 MiB, touched so it is resident, then freed (mmapped: it leaves at once).
+            let v = vec![1u8; 256 << 20];
+            assert_eq!(std::hint::black_box(&v)[v.len() - 1], 1);
+        }
+        let after = peak_rss_bytes().unwrap();
+        assert!(after >= before + (200 << 20), "peak {after} vs {before}");
+        reset_peak_rss().unwrap();
+        let again = peak_rss_bytes().unwrap();
+        assert!(
+            again + (200 << 20) <= after,
+            "reset to {again} from {after}"
+        );
+    }
+}
