@@ -90,7 +90,7 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
     let log_file = args
         .log
         .as_deref()
-        .map(|p| logger::open(p, &inputs, &checkpoint_dir, fifo_wait()))
+        .map(|p| logger::open(p, &inputs, Some(&checkpoint_dir), fifo_wait()))
         .transpose()?;
 
     // Checked before anything starts: a bad --listen is the user's to fix now.
@@ -138,7 +138,14 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
         (Some(log), Some(lines)) => Some(logger::LogWriter::start(log, lines, bus.ui_only())),
         _ => None,
     };
-    let server = serve(&config.run.name, &args, &mut rx, &cmd_tx, &bus);
+    let server = rx.serve.take().and_then(|records| {
+        let opts = server::ServeOptions {
+            run_name: config.run.name.clone(),
+            listen: args.listen.clone(),
+            producer: "headroom train".into(),
+        };
+        server::serve_run(&opts, records, cmd_tx.clone(), &bus)
+    });
     let sampler = sampler::Sampler::start(
         bus.clone(),
         trainer.cuda_index(),
@@ -275,52 +282,6 @@ fn dashboard(
             screen_lost: Some(format!("the dashboard failed ({e})")),
             ..StreamEnd::default()
         },
-    }
-}
-
-/// Serves the run's stream on its socket (and TCP when asked). A run that cannot serve
-/// still trains: the reason is told on screen and in the log.
-fn serve(
-    name: &str,
-    args: &TrainArgs,
-    rx: &mut headroom_core::BusReceivers,
-    commands: &Sender<Command>,
-    bus: &Bus,
-) -> Option<server::Server> {
-    let records = rx.serve.take()?;
-    let opts = server::ServeOptions {
-        run_name: name.to_string(),
-        listen: args.listen.clone(),
-        producer: "headroom train".into(),
-    };
-    let notice = |level, text: String| {
-        bus.send(headroom_core::Telemetry::Notice(
-            headroom_core::Notice::new(level, "serve", text),
-        ))
-    };
-    match server::Server::start(&opts, records, commands.clone(), bus.without_viewers()) {
-        Ok(s) => {
-            let a = s.addresses();
-            let mut text = format!(
-                "serving on {} (attach with: headroom attach {name})",
-                a.socket.display()
-            );
-            if let (Some(tcp), Some(token)) = (a.tcp, &a.token_file) {
-                text += &format!(
-                    "; also on tcp {tcp} (token in {}: headroom attach {tcp} --token-file FILE)",
-                    token.display()
-                );
-            }
-            notice(headroom_core::Level::Info, text);
-            Some(s)
-        }
-        Err(e) => {
-            notice(
-                headroom_core::Level::Warn,
-                format!("not serving the stream ({e}); the run goes on, but `headroom attach` cannot reach it"),
-            );
-            None
-        }
     }
 }
 

@@ -37,10 +37,10 @@ pub struct PendingLog {
 pub fn open(
     path: &Path,
     inputs: &[(&str, &Path)],
-    checkpoints: &Path,
+    checkpoints: Option<&Path>,
     fifo_wait: Duration,
 ) -> Result<PendingLog> {
-    if is_within(path, checkpoints) {
+    if let Some(checkpoints) = checkpoints.filter(|c| is_within(path, c)) {
         bail!(
             "--log {} is inside the checkpoint directory {}, whose files the run replaces \
              and prunes; put the log elsewhere (e.g. --log {}.jsonl)",
@@ -312,7 +312,6 @@ mod tests {
     use headroom_core::RunStatus;
     use std::os::unix::fs::OpenOptionsExt;
 
-    const NOWHERE_DIR: &str = "/nonexistent/checkpoints";
     const WAIT: Duration = Duration::from_secs(2);
 
     #[test]
@@ -328,7 +327,7 @@ mod tests {
             dir.path().join("runs/./x/../x/log.jsonl"),
             ck.clone(),
         ] {
-            let err = format!("{:#}", open(&inside, &[], &ck, WAIT).err().unwrap());
+            let err = format!("{:#}", open(&inside, &[], Some(&ck), WAIT).err().unwrap());
             assert!(
                 err.contains("inside the checkpoint directory"),
                 "{inside:?}: {err}"
@@ -339,10 +338,10 @@ mod tests {
             "step-000002\n"
         );
         // Beside it is fine, including a name that only starts the same.
-        open(&dir.path().join("runs/x.jsonl"), &[], &ck, WAIT)
+        open(&dir.path().join("runs/x.jsonl"), &[], Some(&ck), WAIT)
             .unwrap()
             .abandon();
-        open(&dir.path().join("runs/xy/log.jsonl"), &[], &ck, WAIT)
+        open(&dir.path().join("runs/xy/log.jsonl"), &[], Some(&ck), WAIT)
             .unwrap()
             .abandon();
     }
@@ -356,14 +355,9 @@ mod tests {
         let t0 = Instant::now();
         let err = format!(
             "{:#}",
-            open(
-                &fifo,
-                &[],
-                Path::new(NOWHERE_DIR),
-                Duration::from_millis(300)
-            )
-            .err()
-            .unwrap()
+            open(&fifo, &[], None, Duration::from_millis(300))
+                .err()
+                .unwrap()
         );
         assert!(err.contains("no reader") && err.contains("--log"), "{err}");
         assert!(t0.elapsed() < Duration::from_secs(5));
@@ -373,7 +367,7 @@ mod tests {
             .custom_flags(libc::O_NONBLOCK)
             .open(&fifo)
             .unwrap();
-        let log = open(&fifo, &[], Path::new(NOWHERE_DIR), WAIT).unwrap();
+        let log = open(&fifo, &[], None, WAIT).unwrap();
         assert!(is_fifo(&log.path));
         drop(reader);
     }
@@ -392,7 +386,7 @@ mod tests {
             .unwrap();
         let (bus, rx) = Bus::with_capacities(true, 64, 64, 16);
         let writer = LogWriter::start(
-            open(&fifo, &[], Path::new(NOWHERE_DIR), WAIT).unwrap(),
+            open(&fifo, &[], None, WAIT).unwrap(),
             rx.log.unwrap(),
             bus.ui_only(),
         );
@@ -436,14 +430,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let blocker = dir.path().join("file");
         std::fs::write(&blocker, "x").unwrap();
-        let err = open(
-            &blocker.join("run.jsonl"),
-            &[],
-            Path::new(NOWHERE_DIR),
-            WAIT,
-        )
-        .err()
-        .unwrap();
+        let err = open(&blocker.join("run.jsonl"), &[], None, WAIT)
+            .err()
+            .unwrap();
         assert!(format!("{err:#}").contains("--log"), "{err:#}");
     }
 
@@ -453,14 +442,9 @@ mod tests {
         let corpus = dir.path().join("corpus.txt");
         std::fs::write(&corpus, "text").unwrap();
         let via_dots = dir.path().join(".").join("corpus.txt");
-        let err = open(
-            &via_dots,
-            &[("corpus", &corpus)],
-            Path::new(NOWHERE_DIR),
-            WAIT,
-        )
-        .err()
-        .unwrap();
+        let err = open(&via_dots, &[("corpus", &corpus)], None, WAIT)
+            .err()
+            .unwrap();
         let err = format!("{err:#}");
         assert!(err.contains("--log") && err.contains("corpus"), "{err}");
         assert_eq!(std::fs::read_to_string(&corpus).unwrap(), "text");
@@ -471,13 +455,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let old = dir.path().join("old.jsonl");
         std::fs::write(&old, "previous run\n").unwrap();
-        open(&old, &[], Path::new(NOWHERE_DIR), WAIT)
-            .unwrap()
-            .abandon();
+        open(&old, &[], None, WAIT).unwrap().abandon();
         assert_eq!(std::fs::read_to_string(&old).unwrap(), "previous run\n");
 
         let new = dir.path().join("a/b/run.jsonl");
-        let log = open(&new, &[], Path::new(NOWHERE_DIR), WAIT).unwrap();
+        let log = open(&new, &[], None, WAIT).unwrap();
         assert!(new.exists(), "created at open: the path is proven writable");
         log.abandon();
         assert!(!dir.path().join("a").exists(), "its directories went too");
@@ -490,7 +472,7 @@ mod tests {
         std::fs::write(&path, "a much longer previous run\n").unwrap();
         let (bus, rx) = Bus::new(true);
         let writer = LogWriter::start(
-            open(&path, &[], Path::new(NOWHERE_DIR), WAIT).unwrap(),
+            open(&path, &[], None, WAIT).unwrap(),
             rx.log.unwrap(),
             bus.ui_only(),
         );

@@ -75,6 +75,46 @@ pub struct Server {
     shared: Arc<Shared>,
 }
 
+/// Serves a run's stream on its socket (and TCP when asked), telling where on `bus`. A run
+/// that cannot serve still trains: the reason is told on screen and in the log.
+pub fn serve_run(
+    opts: &ServeOptions,
+    records: Receiver<Record>,
+    commands: Sender<Command>,
+    bus: &Bus,
+) -> Option<Server> {
+    let notice =
+        |level, text: String| bus.send(Telemetry::Notice(Notice::new(level, "serve", text)));
+    let name = &opts.run_name;
+    match Server::start(opts, records, commands, bus.without_viewers()) {
+        Ok(s) => {
+            let a = s.addresses();
+            let mut text = format!(
+                "serving on {} (attach with: headroom attach {name})",
+                a.socket.display()
+            );
+            if let (Some(tcp), Some(token)) = (a.tcp, &a.token_file) {
+                text += &format!(
+                    "; also on tcp {tcp} (token in {}: headroom attach {tcp} --token-file FILE)",
+                    token.display()
+                );
+            }
+            notice(Level::Info, text);
+            Some(s)
+        }
+        Err(e) => {
+            notice(
+                Level::Warn,
+                format!(
+                    "not serving the stream ({e}); the run goes on, but `headroom attach` \
+                     cannot reach it"
+                ),
+            );
+            None
+        }
+    }
+}
+
 /// `--listen`'s value as an address: a bare port (or `:PORT`) is loopback.
 pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
     let s = s.trim();

@@ -1,0 +1,29 @@
+"""headroom for PyTorch: any training loop on the headroom dashboard, watched or with its
+micro-batch steered by headroom's memory controller. The whole API: docs/PYTHON.md.
+
+    import headroom
+    run = headroom.Run("cnn")            # watch only
+    ...
+    run.report(loss)                     # once per step
+
+    run = headroom.Run("gpt", model=model, effective_batch=64)   # adaptive
+    loss = run.backward(batch, lambda mb: model(mb).loss)
+    run.step(optimizer)
+"""
+
+from ._batch import BatchError
+from ._native import PROTOCOL, VERSION
+from ._run import LossError, OptimizerStepFailed, OutOfMemory, Run, RunError
+
+__version__ = VERSION
+
+__all__ = [
+    "PROTOCOL",
+    "BatchError",
+    "LossError",
+    "OptimizerStepFailed",
+    "OutOfMemory",
+    "Run",
+    "RunError",
+    "__version__",
+]

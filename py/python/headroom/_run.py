@@ -1,0 +1,668 @@
+"""`headroom.Run`: a PyTorch training loop on headroom's stream, watched or steered."""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from . import _batch, _native, _torch
+
+LossFn = Callable[[Any], torch.Tensor]
+
+
+class RunError(RuntimeError):
+    """headroom was used in a way it cannot honour (the message says how to fix it)."""
+
+
+class OutOfMemory(RuntimeError):
+    """A step ran out of memory even at the smallest micro-batch."""
+
+
+class OptimizerStepFailed(RuntimeError):
+    """An out-of-memory error inside optimizer.step() after it had changed parameters or
+    optimizer state, which cannot be undone: the parameters are not those of any step."""
+
+
+class LossError(ValueError):
+    """A loss function returned something that is not a finite scalar."""
+
+
+_current: Run | None = None
+_current_lock = threading.Lock()
+_uncaught: list[BaseException] = []
+
+
+def _excepthook(kind, value, tb):
+    _uncaught.append(value)
+    _previous_excepthook(kind, value, tb)
+
+
+_previous_excepthook = sys.excepthook
+sys.excepthook = _excepthook
+
+
+def _default_name() -> str:
+    script = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] not in ("", "-c") else ""
+    return script or "python"
+
+
+class Run:
+    """One training run on headroom's stream.
+
+    Watch-only (no ``effective_batch``): call :meth:`report` once per step. Adaptive
+    (``effective_batch=N`` and ``model=``): hand each batch to :meth:`backward` with a
+    function computing a micro-batch's loss, then call :meth:`step` with the optimizer.
+    See docs/PYTHON.md.
+    """
+
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        model: torch.nn.Module | None = None,
+        device: Any = None,
+        total_steps: int = 0,
+        effective_batch: int | None = None,
+        micro_batch: int | None = None,
+        min_micro_batch: int = 1,
+        max_micro_batch: int | None = None,
+        max_seq_len: int | None = None,
+        adaptive: bool = True,
+        memory_budget: str | int | None = None,
+        hard_limit: bool = False,
+        thresholds: str | None = None,
+        profile: str | None = None,
+        log: str | os.PathLike | None = None,
+        listen: str | int | None = None,
+        on_checkpoint: Callable[[int], Any] | None = None,
+        sample_hz: float = 4.0,
+    ):
+        global _current
+        with _current_lock:
+            if _current is not None and not _current.ended:
+                raise RunError(
+                    f"a headroom run ({_current.name!r}) is already active in this process; "
+                    "finish() it, or use `with headroom.Run(...) as run:`, before creating "
+                    "another (one process serves one run)"
+                )
+            _current = self
+        try:
+            self._setup(
+                name,
+                model,
+                device,
+                total_steps,
+                effective_batch,
+                micro_batch,
+                min_micro_batch,
+                max_micro_batch,
+                max_seq_len,
+                adaptive,
+                memory_budget,
+                hard_limit,
+                thresholds,
+                profile,
+                log,
+                listen,
+                on_checkpoint,
+                sample_hz,
+            )
+        except BaseException:
+            with _current_lock:
+                _current = None
+            raise
+        atexit.register(self._at_exit)
+
+    def _setup(
+        self,
+        name,
+        model,
+        device,
+        total_steps,
+        effective_batch,
+        micro_batch,
+        min_micro_batch,
+        max_micro_batch,
+        max_seq_len,
+        adaptive,
+        memory_budget,
+        hard_limit,
+        thresholds,
+        profile,
+        log,
+        listen,
+        on_checkpoint,
+        sample_hz,
+    ):
+        for what, v in (
+            ("total_steps", total_steps),
+            ("min_micro_batch", min_micro_batch),
+        ):
+            if not isinstance(v, int) or v < 0:
+                raise ValueError(f"{what}={v!r}: give a whole number ≥ 0")
+        if effective_batch is not None and (
+            not isinstance(effective_batch, int) or effective_batch < 1
+        ):
+            raise ValueError(f"effective_batch={effective_batch!r}: give a whole number ≥ 1")
+        if micro_batch is not None and (not isinstance(micro_batch, int) or micro_batch < 1):
+            raise ValueError(f"micro_batch={micro_batch!r}: give a whole number ≥ 1")
+        if effective_batch is not None and model is None:
+            raise RunError(
+                "an adaptive run (effective_batch=…) needs model=: headroom keeps or clears "
+                "its parameters' gradients across an out-of-memory error"
+            )
+        self.device = _torch.resolve_device(device, model)
+        cuda = self.device.type == "cuda"
+        ranks = _torch.rank_info()
+        name = name or _default_name()
+        if ranks is not None:
+            job = ranks["TORCHELASTIC_RUN_ID"] or "job"
+            name = f"{name}.{job}.rank{ranks['RANK']}"
+        budget = None
+        if memory_budget is not None and memory_budget != "":
+            budget = str(memory_budget) if isinstance(memory_budget, int) else memory_budget
+            if cuda and budget.strip().lower() != "auto":
+                _torch.cap_cuda(self.device, _native.parse_bytes(budget))
+        self._model = model
+        self._params = [p for p in model.parameters() if p.requires_grad] if model else []
+        self._hard_limit = bool(hard_limit)
+        self._on_checkpoint = on_checkpoint
+        self._adaptive = effective_batch is not None
+        self._effective = effective_batch or 0
+        self._native = _native.NativeRun(
+            name,
+            producer=f"headroom.py (python {sys.version.split()[0]}, torch {torch.__version__})",
+            device=str(self.device),
+            device_name=_torch.device_name(self.device),
+            parameters=sum(p.numel() for p in model.parameters()) if model else 0,
+            total_steps=total_steps,
+            effective_batch=self._effective,
+            micro_batch=micro_batch or self._effective or 1,
+            log=None if log is None else os.fspath(log),
+            listen=None if listen is None else str(listen),
+            sample_hz=float(sample_hz),
+            cuda_index=self.device.index if cuda else None,
+            device_total=_torch.device_total(self.device),
+            allocator=_torch.CudaAllocator(self.device) if cuda else None,
+            memory_budget="" if budget is None else budget,
+            hard_limit=self._hard_limit,
+            thresholds=thresholds,
+            profile=profile,
+            adaptive=bool(adaptive) and self._adaptive,
+        )
+        self._meter = _torch.PeakMeter(self.device)
+        if not self._meter.exact:
+            self.notice(
+                "the kernel refused to reset the peak RSS (/proc/self/clear_refs); step "
+                "peaks are the process's peak so far and over-state later steps",
+                level="warn",
+            )
+        if self._adaptive:
+            self._native.adapt(
+                micro_batch or self._effective,
+                min_micro_batch or 1,
+                max_micro_batch or 0,
+                max_seq_len or 0,
+                baseline=self._meter.held(),
+                adaptive=bool(adaptive),
+            )
+        self._step = 0
+        self._accumulated: tuple | None = None
+        self._boundary_t = time.perf_counter()
+
+    # ---- what a loop reads -------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._native.name
+
+    @property
+    def ended(self) -> bool:
+        return self._native.ended
+
+    @property
+    def should_stop(self) -> bool:
+        """True once a stop was asked (from the dashboard, `S`): end the loop."""
+        return self._native.stop_requested
+
+    @property
+    def micro_batch(self) -> int | None:
+        """The controller's micro-batch now (adaptive runs)."""
+        return self._native.micro_batch
+
+    @property
+    def step_count(self) -> int:
+        """Steps completed."""
+        return self._step
+
+    @property
+    def socket(self) -> str | None:
+        """The Unix socket `headroom attach` reaches this run on."""
+        return self._native.socket
+
+    @property
+    def tcp(self) -> str | None:
+        return self._native.tcp
+
+    @property
+    def token_file(self) -> str | None:
+        return self._native.token_file
+
+    @property
+    def limit_bytes(self) -> int:
+        return self._native.limit_bytes
+
+    @property
+    def thresholds(self) -> tuple[float, float, float, float]:
+        return self._native.thresholds
+
+    # ---- watch-only ----------------------------------------------------------------------
+
+    def report(
+        self,
+        loss: float | torch.Tensor,
+        *,
+        samples: int | None = None,
+        seq_len: int = 1,
+        lr: float | None = None,
+        grad_norm: float | None = None,
+    ) -> None:
+        """Ends a step of a loop that trains by itself: its loss, its peak memory (since
+        the last report), then the dashboard's commands (pause waits here)."""
+        if self._adaptive:
+            raise RunError(
+                "this run is adaptive: its steps end with run.step(optimizer), not "
+                "run.report(); create the run without effective_batch= to only watch"
+            )
+        value = _scalar(loss, "the loss given to run.report()")
+        step = self._step + 1
+        now = time.perf_counter()
+        dt = now - self._boundary_t
+        n = samples or 1
+        peak = self._meter.peak()
+        self._native.observe(step, n, seq_len, peak)
+        self._native.step(step, value, n, n, seq_len, dt, n * seq_len, lr or 0.0, grad_norm or 0.0)
+        if not math.isfinite(value):
+            self.notice(f"step {step}: the loss is {value}", level="warn")
+        self._step = step
+        self._boundary()
+
+    # ---- adaptive ------------------------------------------------------------------------
+
+    def backward(
+        self,
+        batch: Any,
+        loss_fn: LossFn,
+        *,
+        split: Callable[[Any, int, int], Any] | None = None,
+        samples: int | None = None,
+        seq_len: int | None = None,
+        reduction: str = "mean",
+    ) -> float:
+        """Forward and backward over `batch` in the controller's micro-batches; the
+        gradients then equal one full-batch backward's. Returns the batch's loss.
+
+        `loss_fn(micro_batch)` returns the micro-batch's scalar loss: its mean over the
+        micro-batch's samples (`reduction="mean"`, weighted by its share of the batch) or
+        a loss already normalised over the whole batch (`reduction="sum"`, added as is).
+        An out-of-memory error anywhere in forward or backward is caught: the samples not
+        yet done are retried smaller, the completed micro-batches' gradients kept.
+        """
+        if not self._adaptive:
+            raise RunError(
+                "run.backward() needs an adaptive run: create it with effective_batch=N "
+                "and model=model (a watch-only run reports with run.report(loss))"
+            )
+        if self._native.ended:
+            raise RunError("this run has ended; create a new headroom.Run")
+        if self._accumulated is not None:
+            raise RunError(
+                "run.backward() was called twice without run.step(optimizer) between: the "
+                "second batch's gradients would add to the first's; call run.step(optimizer) "
+                "after each run.backward()"
+            )
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f'reduction={reduction!r}: use "mean" or "sum"')
+        _refuse_distributed()
+        if split is None:
+            n = _batch.size_of(batch)
+            cut = _batch.take
+        else:
+            if samples is None:
+                try:
+                    samples = len(batch)
+                except TypeError:
+                    raise ValueError(
+                        "with split=, give samples=N (the batch has no len())"
+                    ) from None
+            n = samples
+            cut = split
+        if n < 1:
+            raise _batch.BatchError("the batch holds no samples")
+        seq = seq_len or (_batch.seq_len_of(batch) if split is None else 1)
+        step = self._step + 1
+        t0 = time.perf_counter()
+        mb, free = self._native.before_step(step, seq)
+        if free:
+            _torch.free_memory(self.device)
+        total = torch.zeros((), device=self.device)
+        start = 0
+        self._meter.reset()
+        predicted = self._native.predicted_bytes(mb, seq)
+        while start < n:
+            end = min(n, start + mb)
+            failed = None
+            in_backward = False
+            versions = self._grad_versions()
+            try:
+                loss = loss_fn(cut(batch, start, end))
+                _check_loss(loss, step, start, end)
+                weight = (end - start) / n if reduction == "mean" else 1.0
+                in_backward = True
+                (loss * weight).backward()
+                total += loss.detach() * weight
+            except Exception as e:
+                if not _torch.is_oom(e, capped=self._hard_limit):
+                    raise
+                failed = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            loss = None
+            if failed is None:
+                start = end
+                continue
+            # Out of memory: the attempt's tensors went with its frames.
+            restart = in_backward and self._grads_changed(versions)
+            retry, _ = self._native.oom(step, mb, seq, failed)
+            _torch.free_memory(self.device)
+            if retry is None:
+                self._clear_grads()
+                raise OutOfMemory(
+                    f"step {step} ran out of memory at micro-batch {mb} ({seq} tokens per "
+                    f"sample) repeatedly: {failed}. Give the run more memory or make a "
+                    "sample smaller"
+                )
+            if restart:
+                # The backward had already added part of this micro-batch's gradients:
+                # they cannot be told apart from the completed ones', so the step's
+                # samples start over (exact, at the cost of recomputing them).
+                self.notice(
+                    f"step {step}: the out-of-memory error struck after gradients were "
+                    "partly accumulated; the step's samples start over at micro-batch "
+                    f"{retry}",
+                    level="warn",
+                )
+                self._clear_grads()
+                total = torch.zeros((), device=self.device)
+                start = 0
+            mb = retry
+            self._meter.reset()
+            predicted = self._native.predicted_bytes(mb, seq)
+        value = float(total)
+        if not math.isfinite(value):
+            self._clear_grads()
+            raise LossError(
+                f"step {step}: the batch's loss is {value} (training diverged, or the data "
+                "holds a NaN/inf); the gradients were cleared. Lower the learning rate or "
+                "check the batch"
+            )
+        self._accumulated = (step, mb, seq, n, t0, value, predicted)
+        return value
+
+    def step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        *,
+        zero_grad: bool = True,
+        grad_norm: float | None = None,
+    ) -> None:
+        """Ends an adaptive step: ``optimizer.step()`` (all or nothing under an OOM),
+        ``optimizer.zero_grad()``, the step's peak to the controller, then the
+        dashboard's commands (pause waits here)."""
+        if self._accumulated is None:
+            raise RunError(
+                "run.step(optimizer) without run.backward(batch, loss_fn) before it: there "
+                "are no gradients of this run to apply"
+            )
+        step, mb, seq, n, t0, value, predicted = self._accumulated
+        self._optimizer_step(optimizer, step)
+        if zero_grad:
+            optimizer.zero_grad(set_to_none=True)
+        self._accumulated = None
+        peak = self._meter.peak()
+        next_mb, free = self._native.observe(step, mb, seq, peak, predicted_bytes=predicted)
+        if free:
+            _torch.free_memory(self.device)
+        dt = time.perf_counter() - t0
+        lr = optimizer.param_groups[0].get("lr", 0.0) if optimizer.param_groups else 0.0
+        self._native.step(step, value, mb, n, seq, dt, n * seq, float(lr), grad_norm or 0.0)
+        self._step = step
+        self._boundary()
+
+    def _optimizer_step(self, optimizer: torch.optim.Optimizer, step: int) -> None:
+        """optimizer.step(), retried after an OOM that changed nothing it cannot restore.
+
+        What an optimizer changes in place is visible in the tensors' version counters:
+        an OOM before any parameter or state tensor changed (the first step's state
+        allocation, a temporary) is undone by dropping the state it created and restoring
+        its step counters, then retried; one after is refused loudly, never passed off.
+        """
+        for attempt in range(3):
+            snapshot = _OptimizerSnapshot(optimizer)
+            try:
+                optimizer.step()
+                return
+            except Exception as e:
+                if not _torch.is_oom(e, capped=self._hard_limit):
+                    raise
+                text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            _torch.free_memory(self.device)
+            if not snapshot.restore():
+                self._native.notice_text(
+                    f"step {step}: out of memory inside optimizer.step() after it had "
+                    f"updated some parameters ({text})",
+                    level="error",
+                    source="memory",
+                )
+                raise OptimizerStepFailed(
+                    f"step {step}: out of memory inside optimizer.step() after it had "
+                    f"changed parameters or their state ({text}); those changes cannot be "
+                    "undone. Resume from your last checkpoint with more memory, or a "
+                    "smaller model"
+                )
+            self._native.notice_text(
+                f"step {step}: out of memory inside optimizer.step() before it changed "
+                f"anything ({text}); cache freed, retried (attempt {attempt + 2})",
+                level="warn",
+                source="memory",
+            )
+        raise OutOfMemory(f"step {step}: optimizer.step() ran out of memory three times")
+
+    def _grad_versions(self) -> list:
+        return [None if p.grad is None else (id(p.grad), p.grad._version) for p in self._params]
+
+    def _grads_changed(self, versions: list) -> bool:
+        return versions != self._grad_versions()
+
+    def _clear_grads(self) -> None:
+        for p in self._params:
+            p.grad = None
+
+    # ---- both ----------------------------------------------------------------------------
+
+    def notice(self, text: str, level: str = "info") -> None:
+        """A line in the dashboard's event log (level: info, warn, error)."""
+        self._native.notice_text(str(text), level=level, source="python")
+
+    def eval(self, val_loss: float, train_loss: float | None = None, tokens: int = 0) -> None:
+        """A validation result at the current step."""
+        v = _scalar(val_loss, "val_loss")
+        t = v if train_loss is None else _scalar(train_loss, "train_loss")
+        self._native.eval(self._step, v, t, tokens)
+
+    def checkpoint_saved(self, path: str | os.PathLike) -> None:
+        """Tells the dashboard the loop wrote a checkpoint."""
+        self._native.checkpoint_saved(self._step, os.fspath(path))
+
+    def finish(self) -> None:
+        """Ends the run: attached dashboards show it finished; the socket goes."""
+        if self._native.ended:
+            return
+        warning = self._native.finish()
+        self._release()
+        if warning:
+            print(f"headroom: warning: {warning}", file=sys.stderr)
+
+    def fail(self, reason: str) -> None:
+        if self._native.ended:
+            return
+        self._native.fail(str(reason))
+        self._release()
+
+    def _release(self) -> None:
+        global _current
+        with _current_lock:
+            if _current is self:
+                _current = None
+        atexit.unregister(self._at_exit)
+
+    def _at_exit(self) -> None:
+        if self._native.ended:
+            return
+        if _uncaught:
+            e = _uncaught[-1]
+            self.fail(f"{type(e).__name__}: {e}")
+        else:
+            self.finish()
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, kind, value, tb) -> None:
+        if value is None:
+            self.finish()
+        elif isinstance(value, KeyboardInterrupt):
+            self.fail(f"interrupted (KeyboardInterrupt) after step {self._step}")
+        else:
+            self.fail(f"{type(value).__name__}: {value}")
+
+    def _boundary(self) -> None:
+        self._boundary_t = time.perf_counter()
+        while True:
+            for cid, kind in self._native.poll():
+                self._native.confirm(cid, self._carry_out(kind))
+            if not self._native.paused:
+                break
+        self._boundary_t = time.perf_counter()
+        self._meter.reset()
+
+    def _carry_out(self, kind: str) -> str:
+        if kind == "free_cache":
+            before = _torch.held_text(self.device)
+            _torch.free_memory(self.device)
+            return f"cached memory freed: {before} → {_torch.held_text(self.device)}"
+        if kind == "checkpoint":
+            if self._on_checkpoint is None:
+                return (
+                    "refused: this run has no checkpoint callback (give "
+                    "headroom.Run(on_checkpoint=fn), fn(step) saving and returning the path)"
+                )
+            try:
+                path = self._on_checkpoint(self._step)
+            except Exception as e:
+                self._native.notice_text(
+                    f"checkpoint failed: {type(e).__name__}: {e}",
+                    level="error",
+                    source="checkpoint",
+                )
+                return f"checkpoint failed: {type(e).__name__}: {e}"
+            if path is None:
+                return f"checkpoint of step {self._step} written by the callback"
+            self._native.checkpoint_saved(self._step, os.fspath(path))
+            return f"checkpoint of step {self._step} at {os.fspath(path)}"
+        return f"not understood: {kind}"
+
+
+class _OptimizerSnapshot:
+    """What optimizer.step() may change, seen before it runs: version counters of the
+    parameters and state tensors, the scalar state (step counters) by value, and which
+    parameters had no state yet."""
+
+    def __init__(self, opt: torch.optim.Optimizer):
+        self.opt = opt
+        self.params = [p for g in opt.param_groups for p in g["params"]]
+        self.versions = [p._version for p in self.params]
+        self.stateless = [p for p in self.params if not opt.state.get(p)]
+        self.tensors = []
+        self.scalars = []
+        for p in self.params:
+            for v in opt.state.get(p, {}).values():
+                if isinstance(v, torch.Tensor):
+                    if v.numel() == 1:
+                        self.scalars.append((v, v.detach().clone()))
+                    else:
+                        self.tensors.append((v, v._version))
+
+    def restore(self) -> bool:
+        """Undoes a failed step that changed nothing but scalars and new state; False
+        when a parameter or a state tensor was changed in place."""
+        if any(p._version != v for p, v in zip(self.params, self.versions)):
+            return False
+        if any(t._version != v for t, v in self.tensors):
+            return False
+        with torch.no_grad():
+            for t, v in self.scalars:
+                t.copy_(v)
+        for p in self.stateless:
+            self.opt.state.pop(p, None)
+        return True
+
+
+def _scalar(x: Any, what: str) -> float:
+    if isinstance(x, torch.Tensor):
+        if x.numel() != 1:
+            raise LossError(f"{what} has shape {tuple(x.shape)}; give a scalar")
+        return float(x.detach())
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        raise LossError(f"{what} is {type(x).__name__}; give a number or a 0-d tensor") from None
+
+
+def _check_loss(loss: Any, step: int, start: int, end: int) -> None:
+    if not isinstance(loss, torch.Tensor):
+        raise LossError(
+            f"step {step}: loss_fn returned {type(loss).__name__} for samples [{start}, {end}); "
+            "return the micro-batch's loss as a scalar tensor (with its graph, not .item())"
+        )
+    if loss.numel() != 1:
+        raise LossError(
+            f"step {step}: loss_fn returned a tensor of shape {tuple(loss.shape)} for samples "
+            f"[{start}, {end}); return a scalar (e.g. reduce it with .mean())"
+        )
+    if not loss.requires_grad:
+        raise LossError(
+            f"step {step}: the loss of samples [{start}, {end}) does not require grad (was it "
+            "computed under torch.no_grad(), or detached?); return the loss with its graph"
+        )
+
+
+def _refuse_distributed() -> None:
+    dist = getattr(torch, "distributed", None)
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    world = dist.get_world_size()
+    if world > 1:
+        raise RunError(
+            f"run.backward() under an initialised process group of {world} ranks: each rank "
+            "would pick its own micro-batches, and DDP's gradient all-reduce would then wait "
+            "for backward passes other ranks never make (a deadlock). Synchronised adaptive "
+            "batching across ranks is not built yet; watch each rank with run.report(loss) "
+            "instead"
+        )

@@ -1,0 +1,206 @@
+"""Everything torch-specific: devices, a step's peak memory, the allocator's figures,
+what an out-of-memory error looks like, and freeing memory after one.
+
+The Rust extension links no libtorch; it reaches the user's torch only through here.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from typing import Any
+
+import torch
+
+from . import _native
+
+# What the allocators say when an allocation fails. CUDA raises torch.OutOfMemoryError;
+# the CPU allocator raises a RuntimeError with one of these texts; oneDNN, under a hard
+# cap, fails to "create a primitive" without naming memory (only trusted under a cap).
+_OOM_TEXTS = ("out of memory", "not enough memory", "can't allocate memory")
+_CAPPED_OOM_TEXT = "could not create a primitive"
+
+# Fault injection (tests, benchmarks): 2^52 bytes is beyond any machine, so asking the
+# allocator for it raises the allocator's own out-of-memory error.
+IMPOSSIBLE_BYTES = 1 << 52
+
+
+def is_oom(exc: BaseException, capped: bool = False) -> bool:
+    """True when `exc` says an allocation failed (CUDA or CPU)."""
+    oom_type = getattr(torch, "OutOfMemoryError", None)
+    if oom_type is not None and isinstance(exc, oom_type):
+        return True
+    if isinstance(exc, MemoryError):
+        return True
+    if not isinstance(exc, RuntimeError):
+        return False
+    text = str(exc).lower()
+    if any(t in text for t in _OOM_TEXTS):
+        return True
+    return capped and _CAPPED_OOM_TEXT in text
+
+
+def provoke_oom(device: torch.device) -> None:
+    """Raises a real out-of-memory error from `device`'s allocator."""
+    torch.empty(IMPOSSIBLE_BYTES, dtype=torch.uint8, device=device)
+    raise RuntimeError("out of memory (injected: the oversized allocation succeeded)")
+
+
+def resolve_device(device: Any, model: Any) -> torch.device:
+    """The device the run trains on: the argument, else the model's, else CUDA if any."""
+    if device is not None:
+        d = torch.device(device)
+    elif model is not None:
+        try:
+            d = next(model.parameters()).device
+        except StopIteration:
+            d = torch.device("cpu")
+    else:
+        d = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"device {d} was asked for but torch sees no CUDA device; "
+                "use device='cpu' or run on a machine with a GPU"
+            )
+        if d.index is None:
+            d = torch.device("cuda", torch.cuda.current_device())
+    elif d.type != "cpu":
+        raise ValueError(f"device {d}: headroom measures cpu and cuda devices only")
+    return d
+
+
+def device_name(d: torch.device) -> str:
+    if d.type == "cuda":
+        return torch.cuda.get_device_name(d)
+    return f"CPU ({torch.get_num_threads()} threads)"
+
+
+def device_total(d: torch.device) -> int | None:
+    if d.type == "cuda":
+        return torch.cuda.mem_get_info(d)[1]
+    return None
+
+
+def cap_cuda(d: torch.device, budget: int) -> None:
+    """Caps the caching allocator at `budget` bytes: past it, a real CUDA OOM."""
+    total = torch.cuda.mem_get_info(d)[1]
+    torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), d)
+
+
+class PeakMeter:
+    """A step's peak memory and the limit it is a share of, as the built-in trainer
+    measures it: on CUDA the allocator's peak allocated bytes plus the memory outside the
+    allocator (the context, other processes); on the CPU the peak resident set."""
+
+    def __init__(self, d: torch.device):
+        self.device = d
+        self.cuda = d.type == "cuda"
+        self.exact = True
+        try:
+            self.reset()
+        except OSError:
+            # The kernel refused the peak reset: peaks are then the process's so far.
+            self.exact = False
+
+    def reset(self) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        elif self.exact:
+            _native.reset_peak_rss()
+
+    def peak(self) -> int:
+        if self.cuda:
+            stats = torch.cuda.memory_stats(self.device)
+            free, total = torch.cuda.mem_get_info(self.device)
+            outside = max(0, total - free - stats.get("reserved_bytes.all.current", 0))
+            return stats.get("allocated_bytes.all.peak", 0) + outside
+        return _native.peak_rss()
+
+    def held(self) -> int:
+        """What the process holds now (the fixed part before the first step)."""
+        if self.cuda:
+            return torch.cuda.memory_allocated(self.device)
+        return _native.rss() or 0
+
+
+def free_memory(d: torch.device) -> None:
+    """Drops what a failed attempt left (its frames are gone once the exception is), and
+    returns cached memory: the CUDA cache, or glibc's free heap pages."""
+    gc.collect()
+    if d.type == "cuda":
+        torch.cuda.empty_cache()
+    else:
+        _native.trim_heap()
+
+
+def held_text(d: torch.device) -> str:
+    if d.type == "cuda":
+        return f"reserved {_fmt(torch.cuda.memory_reserved(d))}"
+    rss = _native.rss()
+    return f"resident {_fmt(rss) if rss is not None else '?'}"
+
+
+def _fmt(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+class CudaAllocator:
+    """The caching allocator's figures and segment map for the sampler (read on its
+    thread, a few times a second; `memory_stats` needs no device sync)."""
+
+    def __init__(self, d: torch.device):
+        self.device = d
+
+    def stats(self) -> dict[str, int] | None:
+        s = torch.cuda.memory_stats(self.device)
+
+        def g(key: str) -> int:
+            return int(s.get(key, 0))
+
+        return {
+            "allocated": g("allocated_bytes.all.current"),
+            "allocated_peak": g("allocated_bytes.all.peak"),
+            "reserved": g("reserved_bytes.all.current"),
+            "reserved_peak": g("reserved_bytes.all.peak"),
+            "active": g("active_bytes.all.current"),
+            "active_peak": g("active_bytes.all.peak"),
+            "inactive_split": g("inactive_split_bytes.all.current"),
+            "inactive_split_peak": g("inactive_split_bytes.all.peak"),
+            "requested": g("requested_bytes.all.current"),
+            "requested_peak": g("requested_bytes.all.peak"),
+            "num_alloc_retries": g("num_alloc_retries"),
+            "num_ooms": g("num_ooms"),
+            "segments": g("segment.all.current"),
+        }
+
+    def segments(self) -> list[tuple[int, int, str, list[tuple[int, bool]]]] | None:
+        index = self.device.index or 0
+        out = []
+        for seg in torch.cuda.memory_snapshot():
+            if seg.get("device", 0) != index:
+                continue
+            # active_allocated and active_pending_free are held by tensors (or streams);
+            # only "inactive" is cached space the allocator could reuse.
+            blocks = [(int(b["size"]), b.get("state") != "inactive") for b in seg["blocks"]]
+            out.append(
+                (
+                    int(seg["address"]),
+                    int(seg["total_size"]),
+                    str(seg.get("segment_type", "large")),
+                    blocks,
+                )
+            )
+        return out
+
+
+def rank_info() -> dict[str, str] | None:
+    """torchrun's environment: the job and this process's rank, when launched by it."""
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    return {k: os.environ.get(k, "") for k in keys}

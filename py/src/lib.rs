@@ -1,0 +1,53 @@
+//! `headroom._native`: the Rust half of the `headroom` Python package.
+//!
+//! A Python run gets the same parts as `headroom train`: the telemetry bus, the stream
+//! server (`headroom attach`/`ls`), the JSONL log, the host/NVML sampler and the batch
+//! controller. Everything torch-specific (tensors, the allocator, OOM exceptions) stays
+//! in Python (`python/headroom/`); this crate never links libtorch.
+mod allocator;
+mod run;
+
+use pyo3::prelude::*;
+
+/// The process's peak resident set since the last reset, bytes (a CPU step's peak).
+#[pyfunction]
+fn peak_rss() -> PyResult<u64> {
+    headroom_host::procmem::peak_rss_bytes().map_err(pyo3::exceptions::PyOSError::new_err)
+}
+
+/// Starts a new peak window for [`peak_rss`].
+#[pyfunction]
+fn reset_peak_rss() -> PyResult<()> {
+    headroom_host::procmem::reset_peak_rss().map_err(pyo3::exceptions::PyOSError::new_err)
+}
+
+/// The resident set now, bytes.
+#[pyfunction]
+fn rss() -> Option<u64> {
+    headroom_host::procmem::rss_bytes()
+}
+
+/// Returns glibc's free heap pages to the kernel (the CPU's "free the cache").
+#[pyfunction]
+fn trim_heap() {
+    headroom_host::procmem::trim_heap()
+}
+
+/// `"1.5GiB"` → bytes, with the CLI's own parser and error.
+#[pyfunction]
+fn parse_bytes(text: &str) -> PyResult<u64> {
+    headroom_core::units::parse_bytes(text).map_err(pyo3::exceptions::PyValueError::new_err)
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<run::NativeRun>()?;
+    m.add_function(wrap_pyfunction!(peak_rss, m)?)?;
+    m.add_function(wrap_pyfunction!(reset_peak_rss, m)?)?;
+    m.add_function(wrap_pyfunction!(rss, m)?)?;
+    m.add_function(wrap_pyfunction!(trim_heap, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_bytes, m)?)?;
+    m.add("PROTOCOL", headroom_core::protocol::version_string())?;
+    m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,898 @@
+//! One Python run: the bus and its sinks (log, stream server), the sampler, and, in
+//! adaptive mode, the same [`Controller`] `headroom train` uses. Python calls in at the
+//! points the built-in trainer's runner does (before a step, after its peak is known,
+//! after an OOM, at the step boundary for commands) and carries out what comes back.
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use headroom_core::config::{auto_budget, MemorySection, RunConfig};
+use headroom_core::policy::{
+    Controller, ControllerConfig, Decision, Profile, StepObservation, Thresholds, Upcoming,
+};
+use headroom_core::units::fmt_bytes;
+use headroom_core::{
+    Bus, Command, Level, MemorySummary, Notice, RunInfo, RunStatus, RunSummary, StepMemory,
+    StepMetrics, Telemetry,
+};
+use headroom_host::logger::{self, LogWriter};
+use headroom_host::sampler::{AllocatorSource, Sampler};
+use headroom_host::server::{self, ServeOptions, Server};
+use headroom_host::{procmem, rundir};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+
+use crate::allocator::PyAllocator;
+
+/// How long the end waits for attached viewers and the log to take the last records.
+const VIEWERS_WAIT: Duration = Duration::from_secs(2);
+const LOG_WAIT: Duration = Duration::from_secs(5);
+
+fn value_error(e: impl ToString) -> PyErr {
+    PyValueError::new_err(e.to_string())
+}
+
+#[pyclass(module = "headroom._native")]
+pub struct NativeRun {
+    bus: Option<Bus>,
+    commands: Receiver<Command>,
+    /// Held so the command channel stays open whether or not a server is up.
+    _commands_tx: Sender<Command>,
+    server: Option<Server>,
+    log: Option<LogWriter>,
+    sampler: Option<Sampler>,
+    controller: Option<Controller>,
+    started: Instant,
+    name: String,
+    cuda: bool,
+    /// The configured limit: the budget, host memory or the device's memory.
+    limit: u64,
+    /// In force for a watch-only run (an adaptive run's live in its controller).
+    thresholds: Thresholds,
+    effective_batch: usize,
+    total_steps: u64,
+    paused: bool,
+    stop_requested: bool,
+    /// Commands handed to Python to carry out, by the id Python confirms them with.
+    pending: BTreeMap<u64, Command>,
+    next_id: u64,
+    ended: bool,
+    step: u64,
+    tokens_seen: u64,
+    last_loss: Option<f64>,
+    last_val_loss: Option<f64>,
+    checkpoint: Option<String>,
+    memory: MemorySummary,
+}
+
+impl NativeRun {
+    fn bus(&self) -> PyResult<&Bus> {
+        self.bus
+            .as_ref()
+            .ok_or_else(|| PyRuntimeError::new_err("this headroom run has ended"))
+    }
+
+    fn send(&self, msg: Telemetry) {
+        if let Some(bus) = &self.bus {
+            bus.send(msg);
+        }
+    }
+
+    fn notice(&self, level: Level, source: &str, text: String) {
+        self.send(Telemetry::Notice(Notice::new(level, source, text)));
+    }
+
+    fn thresholds_now(&self) -> Thresholds {
+        self.controller
+            .as_ref()
+            .map_or(self.thresholds, Controller::thresholds)
+    }
+
+    fn thresholds_changed(&self, source: &str, profile: Option<Profile>) {
+        self.send(Telemetry::ThresholdsChanged {
+            thresholds: self.thresholds_now(),
+            profile,
+            source: source.into(),
+        });
+    }
+
+    /// Carries out what Rust can (reporting every decision); says whether Python must
+    /// free the allocator's cache.
+    fn apply(&mut self, step: u64, decisions: Vec<Decision>) -> bool {
+        let mut free_cache = false;
+        for decision in decisions {
+            match decision {
+                Decision::Resize { .. } => self.memory.resizes += 1,
+                Decision::EmptyCache { .. } => free_cache = true,
+                _ => {}
+            }
+            self.send(Telemetry::Decision { step, decision });
+        }
+        free_cache
+    }
+
+    fn applied(&self, command: Command, applied: String) {
+        self.send(Telemetry::CommandApplied { command, applied });
+    }
+
+    fn set_thresholds(&mut self, command: Command, t: Thresholds, profile: Option<Profile>) {
+        let old = self.thresholds_now();
+        let result = match self.controller.as_mut() {
+            Some(c) => c.set_thresholds(t),
+            None => t.validate().map(|()| self.thresholds = t),
+        };
+        let text = match result {
+            Ok(()) => {
+                self.thresholds_changed("command", profile);
+                match profile {
+                    Some(p) => format!("profile {p}: thresholds {t}"),
+                    None => format!("thresholds {t} in force"),
+                }
+            }
+            Err(e) => format!("refused: {e}; {old} stay in force"),
+        };
+        self.applied(command, text);
+    }
+
+    /// Acts on one command; returns it when Python must carry it out.
+    fn handle(&mut self, cmd: Command) -> Option<Command> {
+        match cmd {
+            Command::Stop => {
+                self.paused = false;
+                if !self.stop_requested {
+                    self.stop_requested = true;
+                    self.send(Telemetry::Status {
+                        status: RunStatus::Stopping,
+                    });
+                }
+                let text = format!(
+                    "stopping after step {} (run.should_stop is set; the loop ends when it \
+                     reads it)",
+                    self.step
+                );
+                self.applied(cmd, text);
+            }
+            Command::Pause if self.paused => {
+                self.applied(cmd, format!("already paused after step {}", self.step))
+            }
+            Command::Pause => {
+                self.paused = true;
+                self.send(Telemetry::Status {
+                    status: RunStatus::Paused,
+                });
+                self.applied(cmd, format!("paused after step {}", self.step));
+            }
+            Command::Resume if self.paused => {
+                self.paused = false;
+                self.send(Telemetry::Status {
+                    status: RunStatus::Running,
+                });
+                self.applied(cmd, format!("resumed at step {}", self.step + 1));
+            }
+            Command::Resume => self.applied(cmd, "already running".into()),
+            Command::SetThresholds { thresholds } => self.set_thresholds(cmd, thresholds, None),
+            Command::SetProfile { profile } => {
+                self.set_thresholds(cmd, profile.thresholds(), Some(profile))
+            }
+            Command::PinMicroBatch { micro_batch } => {
+                let step = self.step;
+                let Some(c) = self.controller.as_mut() else {
+                    self.applied(
+                        cmd,
+                        "refused: a watch-only run has no micro-batch to pin (adaptive runs \
+                         hand their batch to run.backward)"
+                            .into(),
+                    );
+                    return None;
+                };
+                let decisions = c.pin(micro_batch);
+                let mb = c.micro_batch();
+                self.apply(step, decisions);
+                let note = if mb == micro_batch {
+                    String::new()
+                } else {
+                    format!(" ({micro_batch} is outside the allowed range)")
+                };
+                let text = format!(
+                    "micro-batch pinned at {mb}{note}, {} accumulation steps",
+                    self.effective_batch.div_ceil(mb.max(1))
+                );
+                self.applied(cmd, text);
+            }
+            Command::Unpin => match self.controller.as_mut() {
+                Some(c) => {
+                    c.unpin();
+                    self.applied(
+                        cmd,
+                        "micro-batch unpinned; the controller resizes again".into(),
+                    );
+                }
+                None => self.applied(cmd, "refused: a watch-only run has no micro-batch".into()),
+            },
+            Command::Checkpoint | Command::FreeCache => return Some(cmd),
+        }
+        None
+    }
+
+    /// Ends the run: the last records out, then every thread and socket gone. Called with
+    /// the GIL released: the sampler may be waiting for it to read the allocator.
+    fn shut_down(
+        bus: Option<Bus>,
+        sampler: Option<Sampler>,
+        server: Option<Server>,
+        log: Option<LogWriter>,
+    ) -> Option<String> {
+        drop(sampler);
+        drop(bus);
+        if let Some(server) = server {
+            server.finish(VIEWERS_WAIT);
+        }
+        log.and_then(|w| w.finish(LOG_WAIT))
+    }
+
+    fn end(&mut self, py: Python<'_>, last: Vec<Telemetry>) -> Option<String> {
+        if self.ended {
+            return None;
+        }
+        self.ended = true;
+        for msg in last {
+            self.send(msg);
+        }
+        let (bus, sampler, server, log) = (
+            self.bus.take(),
+            self.sampler.take(),
+            self.server.take(),
+            self.log.take(),
+        );
+        py.detach(move || NativeRun::shut_down(bus, sampler, server, log))
+    }
+
+    fn summary(&self, stopped_by_user: bool) -> RunSummary {
+        let mb = self.controller.as_ref().map_or(0, Controller::micro_batch);
+        RunSummary {
+            steps_done: self.step,
+            total_steps: self.total_steps,
+            stopped_by_user,
+            last_loss: self.last_loss,
+            last_val_loss: self.last_val_loss,
+            tokens_seen: self.tokens_seen,
+            elapsed_s: self.started.elapsed().as_secs_f64(),
+            checkpoint: self.checkpoint.clone(),
+            memory: MemorySummary {
+                final_micro_batch: mb,
+                accum_steps: if mb == 0 {
+                    0
+                } else {
+                    self.effective_batch.div_ceil(mb)
+                },
+                effective_batch: self.effective_batch,
+                ..self.memory.clone()
+            },
+        }
+    }
+}
+
+/// The limit a run's usage is a share of, and what to say about it.
+fn resolve_limit(
+    mem: &MemorySection,
+    cuda: bool,
+    device_total: Option<u64>,
+) -> Result<(u64, Vec<Notice>), String> {
+    let mut notices = Vec::new();
+    let budget = match mem.budget_bytes().map_err(|e| e.to_string())? {
+        Some(b) => Some(b),
+        None if mem.is_auto_budget() && !cuda => {
+            let held = procmem::rss_bytes().ok_or("cannot read VmRSS from /proc/self/status")?;
+            let available = procmem::host_available_bytes().unwrap_or(0);
+            let b = auto_budget(held, available);
+            notices.push(Notice::new(
+                Level::Info,
+                "memory",
+                format!(
+                    "memory budget auto: {} (this process's {} plus {} for activations)",
+                    fmt_bytes(b),
+                    fmt_bytes(held),
+                    fmt_bytes(b - held)
+                ),
+            ));
+            Some(b)
+        }
+        None => None,
+    };
+    if mem.hard_limit && cuda {
+        return Err(
+            "hard_limit caps host memory and applies to CPU runs only; on CUDA a \
+                    memory_budget already caps the caching allocator (a real CUDA OOM past it)"
+                .into(),
+        );
+    }
+    if mem.hard_limit && budget.is_none() {
+        return Err(
+            "hard_limit needs a memory_budget to cap at, e.g. memory_budget=\"2GiB\"".into(),
+        );
+    }
+    let limit = if cuda {
+        let total = device_total.ok_or("the device's memory is unknown")?;
+        budget.map_or(total, |b| b.min(total))
+    } else {
+        let held = procmem::rss_bytes().unwrap_or(0);
+        if let Some(b) = budget.filter(|b| *b <= held) {
+            return Err(format!(
+                "memory_budget {} is below what this process already holds ({}: Python, torch, \
+                 the model and its optimizer state); give a budget well above that, e.g. {}",
+                fmt_bytes(b),
+                fmt_bytes(held),
+                fmt_bytes((held * 2).next_multiple_of(64 << 20))
+            ));
+        }
+        match budget {
+            Some(b) => b,
+            None => procmem::host_total_bytes().ok_or("cannot read MemTotal from /proc/meminfo")?,
+        }
+    };
+    let what = match (cuda, budget) {
+        (false, Some(_)) => "the budget (memory_budget)",
+        (false, None) => "host memory (no memory_budget)",
+        (true, Some(_)) => "the budget (the caching allocator's per-process fraction)",
+        (true, None) => "device memory",
+    };
+    notices.push(Notice::new(
+        Level::Info,
+        "memory",
+        format!(
+            "memory limit {} ({what}); thresholds {}",
+            fmt_bytes(limit),
+            mem.thresholds().map_err(|e| e.to_string())?
+        ),
+    ));
+    if mem.hard_limit {
+        let b = budget.expect("checked above");
+        let cap = procmem::set_hard_limit(b)?;
+        notices.push(Notice::new(
+            Level::Info,
+            "memory",
+            format!(
+                "hard limit: allocations past {} resident fail (RLIMIT_DATA {})",
+                fmt_bytes(b),
+                fmt_bytes(cap)
+            ),
+        ));
+    }
+    Ok((limit, notices))
+}
+
+#[pymethods]
+impl NativeRun {
+    #[new]
+    #[pyo3(signature = (
+        name, *, producer, device, device_name, parameters, total_steps,
+        effective_batch, micro_batch, log=None, listen=None, sample_hz=4.0,
+        cuda_index=None, device_total=None, allocator=None, memory_budget=None,
+        hard_limit=false, thresholds=None, profile=None, adaptive=false
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        name: String,
+        producer: String,
+        device: String,
+        device_name: String,
+        parameters: u64,
+        total_steps: u64,
+        effective_batch: usize,
+        micro_batch: usize,
+        log: Option<PathBuf>,
+        listen: Option<String>,
+        sample_hz: f64,
+        cuda_index: Option<usize>,
+        device_total: Option<u64>,
+        allocator: Option<Py<PyAny>>,
+        memory_budget: Option<String>,
+        hard_limit: bool,
+        thresholds: Option<String>,
+        profile: Option<String>,
+        adaptive: bool,
+    ) -> PyResult<NativeRun> {
+        if name.trim().is_empty() {
+            return Err(value_error(
+                "a run needs a name, e.g. headroom.Run(\"mnist\")",
+            ));
+        }
+        if !(sample_hz > 0.0 && sample_hz <= 100.0) {
+            return Err(value_error(format!(
+                "sample_hz {sample_hz} is out of range; give a rate in (0, 100] samples per second"
+            )));
+        }
+        if let Some(l) = &listen {
+            server::parse_listen(l).map_err(value_error)?;
+        }
+        let mut cfg = RunConfig::default();
+        cfg.run.name = name.clone();
+        cfg.run.steps = total_steps;
+        cfg.run.device = device.clone();
+        cfg.run.sample_hz = sample_hz;
+        cfg.data.corpus = String::new();
+        cfg.batch.micro_batch = micro_batch.max(1);
+        cfg.batch.effective_batch = effective_batch;
+        cfg.memory.memory_budget = memory_budget.unwrap_or_default();
+        cfg.memory.hard_limit = hard_limit;
+        cfg.memory.adaptive = adaptive;
+        cfg.memory.thresholds = thresholds.unwrap_or_default();
+        if let Some(p) = profile {
+            cfg.memory.profile = p.parse().map_err(value_error)?;
+        }
+        let t = cfg.memory.thresholds().map_err(value_error)?;
+        let cuda = cuda_index.is_some();
+        let (limit, notices) =
+            resolve_limit(&cfg.memory, cuda, device_total).map_err(value_error)?;
+
+        let pending_log = log
+            .as_deref()
+            .map(|p| logger::open(p, &[], None, Duration::from_secs(10)))
+            .transpose()
+            .map_err(|e| value_error(format!("{e:#}").replace("--log", "log=")))?;
+        let (bus, mut rx) = Bus::with_sinks(pending_log.is_some(), true);
+        // Nobody draws in this process: viewers attach over the socket.
+        drop((rx.events, rx.metrics));
+        let log_writer = match (pending_log, rx.log.take()) {
+            (Some(l), Some(lines)) => Some(LogWriter::start(l, lines, bus.ui_only())),
+            _ => None,
+        };
+        let (commands_tx, commands) = bounded::<Command>(64);
+        bus.send(Telemetry::RunStarted(RunInfo {
+            run_name: name.clone(),
+            device: device.clone(),
+            device_name,
+            parameters,
+            start_step: 0,
+            total_steps,
+            corpus: String::new(),
+            train_bytes: 0,
+            val_bytes: 0,
+            config: cfg,
+        }));
+        let server = rx.serve.take().and_then(|records| {
+            let opts = ServeOptions {
+                run_name: name.clone(),
+                listen,
+                producer,
+            };
+            server::serve_run(&opts, records, commands_tx.clone(), &bus)
+        });
+        for n in notices {
+            bus.send(Telemetry::Notice(n));
+        }
+        let source = allocator.map(|a| Box::new(PyAllocator::new(a)) as Box<dyn AllocatorSource>);
+        let sampler_bus = bus.clone();
+        // The sampler's first read may want the GIL (the allocator), which this thread
+        // holds: start it detached.
+        let sampler = py.detach(move || Sampler::start(sampler_bus, cuda_index, sample_hz, source));
+        let run = NativeRun {
+            bus: Some(bus),
+            commands,
+            _commands_tx: commands_tx,
+            server,
+            log: log_writer,
+            sampler: Some(sampler),
+            controller: None,
+            started: Instant::now(),
+            name,
+            cuda,
+            limit,
+            thresholds: t,
+            effective_batch,
+            total_steps,
+            paused: false,
+            stop_requested: false,
+            pending: BTreeMap::new(),
+            next_id: 1,
+            ended: false,
+            step: 0,
+            tokens_seen: 0,
+            last_loss: None,
+            last_val_loss: None,
+            checkpoint: None,
+            memory: MemorySummary::default(),
+        };
+        run.thresholds_changed("config", None);
+        run.send(Telemetry::Status {
+            status: RunStatus::Running,
+        });
+        Ok(run)
+    }
+
+    /// Hands the micro-batch to the controller. `baseline`: memory in use before the
+    /// first step (model and optimizer state), the fixed part every batch sits on.
+    #[pyo3(signature = (micro_batch, min_micro_batch, max_micro_batch, max_seq_len, baseline=None, adaptive=true))]
+    fn adapt(
+        &mut self,
+        micro_batch: usize,
+        min_micro_batch: usize,
+        max_micro_batch: usize,
+        max_seq_len: usize,
+        baseline: Option<u64>,
+        adaptive: bool,
+    ) -> PyResult<()> {
+        self.bus()?;
+        if self.effective_batch == 0 {
+            return Err(value_error("an adaptive run needs effective_batch ≥ 1"));
+        }
+        let max = match max_micro_batch {
+            0 => self.effective_batch,
+            m => m.min(self.effective_batch),
+        };
+        let cfg = ControllerConfig {
+            min_micro_batch: min_micro_batch.clamp(1, max),
+            max_micro_batch: max,
+            adaptive,
+            max_seq_len,
+            ..ControllerConfig::default()
+        };
+        let mut c = Controller::new(cfg, self.thresholds, self.limit, micro_batch);
+        if let Some(b) = baseline {
+            c.set_baseline(b);
+        }
+        self.controller = Some(c);
+        Ok(())
+    }
+
+    /// Before a step's first attempt: the micro-batch to use, and whether to free the
+    /// cache first. `upcoming`: the longest length within the horizon and its step.
+    #[pyo3(signature = (step, seq_len, upcoming=None))]
+    fn before_step(
+        &mut self,
+        step: u64,
+        seq_len: usize,
+        upcoming: Option<(usize, u64)>,
+    ) -> PyResult<(usize, bool)> {
+        let c = self.controller.as_mut().ok_or_else(not_adaptive)?;
+        let decisions = match upcoming {
+            Some((len, at)) => c.before_step_ahead(
+                seq_len,
+                Upcoming {
+                    seq_len: len.max(seq_len),
+                    step: at,
+                },
+            ),
+            None => c.before_step(seq_len),
+        };
+        let mb = c.micro_batch();
+        let free = self.apply(step, decisions);
+        Ok((mb, free))
+    }
+
+    /// The predicted peak of a micro-batch, bytes, when the model can tell.
+    fn predicted_bytes(&self, micro_batch: usize, seq_len: usize) -> Option<u64> {
+        self.controller
+            .as_ref()
+            .and_then(|c| c.predicted_bytes(micro_batch, seq_len))
+    }
+
+    /// A completed step's peak. Adaptive runs feed it to the controller and get back the
+    /// next micro-batch and whether to free the cache; watch-only runs report it.
+    #[pyo3(signature = (step, micro_batch, seq_len, peak_bytes, limit_bytes=None, predicted_bytes=None))]
+    fn observe(
+        &mut self,
+        step: u64,
+        micro_batch: usize,
+        seq_len: usize,
+        peak_bytes: u64,
+        limit_bytes: Option<u64>,
+        predicted_bytes: Option<u64>,
+    ) -> PyResult<(usize, bool)> {
+        self.bus()?;
+        // On the CPU the limit is never more than this process holds plus what the host
+        // could still give: memory other processes take lowers it.
+        let limit = limit_bytes
+            .unwrap_or_else(|| {
+                if self.cuda {
+                    self.limit
+                } else {
+                    procmem::current_cpu_limit(self.limit)
+                }
+            })
+            .max(1);
+        let usage = peak_bytes as f64 / limit as f64;
+        let m = &mut self.memory;
+        if m.peak_usage.is_none_or(|u| usage > u) {
+            m.peak_usage = Some(usage);
+            m.peak_bytes = Some(peak_bytes);
+            m.limit_bytes = Some(limit);
+        }
+        self.send(Telemetry::StepMemory(StepMemory {
+            step,
+            micro_batch,
+            seq_len,
+            peak_bytes,
+            predicted_bytes,
+            limit_bytes: limit,
+            configured_limit_bytes: self.limit,
+            usage,
+        }));
+        let Some(c) = self.controller.as_mut() else {
+            return Ok((micro_batch, false));
+        };
+        c.set_limit(limit);
+        let decisions = c.observe(StepObservation {
+            step,
+            micro_batch,
+            seq_len,
+            peak_bytes,
+        });
+        let mb = c.micro_batch();
+        let free = self.apply(step, decisions);
+        Ok((mb, free))
+    }
+
+    /// An out-of-memory error in a step's attempt: the micro-batch to retry the
+    /// remaining samples with (`None`: give up), and whether to free the cache.
+    fn oom(
+        &mut self,
+        step: u64,
+        micro_batch: usize,
+        seq_len: usize,
+        error: &str,
+    ) -> PyResult<(Option<usize>, bool)> {
+        let c = self.controller.as_mut().ok_or_else(not_adaptive)?;
+        let outcome = c.on_oom(micro_batch, seq_len);
+        self.memory.ooms += 1;
+        self.send(Telemetry::Oom {
+            step,
+            micro_batch,
+            seq_len,
+            retry_with: outcome.retry_with,
+            error: error.lines().next().unwrap_or("").to_string(),
+        });
+        let free = self.apply(step, outcome.decisions);
+        Ok((outcome.retry_with, free))
+    }
+
+    /// A completed step's figures.
+    #[pyo3(signature = (step, loss, micro_batch, effective_batch, seq_len, step_time_s, tokens, lr=0.0, grad_norm=0.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn step(
+        &mut self,
+        step: u64,
+        loss: f64,
+        micro_batch: usize,
+        effective_batch: usize,
+        seq_len: usize,
+        step_time_s: f64,
+        tokens: u64,
+        lr: f64,
+        grad_norm: f64,
+    ) -> PyResult<()> {
+        self.bus()?;
+        let dt = step_time_s.max(1e-9);
+        self.step = step;
+        self.tokens_seen += tokens;
+        self.last_loss = Some(loss);
+        self.send(Telemetry::Step(StepMetrics {
+            step,
+            total_steps: self.total_steps,
+            loss,
+            lr,
+            grad_norm,
+            step_time_s: dt,
+            tokens_per_s: tokens as f64 / dt,
+            samples_per_s: effective_batch as f64 / dt,
+            micro_batch,
+            accum_steps: effective_batch.div_ceil(micro_batch.max(1)),
+            effective_batch,
+            seq_len,
+            tokens_seen: self.tokens_seen,
+        }));
+        Ok(())
+    }
+
+    /// A validation result.
+    fn eval(&mut self, step: u64, val_loss: f64, train_loss: f64, tokens: u64) -> PyResult<()> {
+        self.bus()?;
+        self.last_val_loss = Some(val_loss);
+        self.send(Telemetry::Eval(headroom_core::EvalMetrics {
+            step,
+            val_loss,
+            train_loss,
+            tokens,
+        }));
+        Ok(())
+    }
+
+    /// A line for the dashboard's event log: `level` is info, warn or error.
+    #[pyo3(signature = (text, level="info", source="python"))]
+    fn notice_text(&self, text: String, level: &str, source: &str) -> PyResult<()> {
+        let level = match level {
+            "info" => Level::Info,
+            "warn" | "warning" => Level::Warn,
+            "error" => Level::Error,
+            other => {
+                return Err(value_error(format!(
+                    "level {other:?}: use \"info\", \"warn\" or \"error\""
+                )))
+            }
+        };
+        self.bus()?;
+        self.notice(level, source, text);
+        Ok(())
+    }
+
+    /// Takes the commands that came in. Rust carries out what it can (pause, thresholds,
+    /// pin, stop) and hands back `(id, kind)` for what Python must do (`checkpoint`,
+    /// `free_cache`), to be confirmed with [`NativeRun::confirm`]. While paused, it waits
+    /// (the GIL released, Ctrl-C still heard) until resumed, stopped, or Python has
+    /// something to do.
+    fn poll(&mut self, py: Python<'_>) -> PyResult<Vec<(u64, String)>> {
+        let mut out = Vec::new();
+        loop {
+            let cmd = match self.commands.try_recv() {
+                Ok(c) => c,
+                Err(TryRecvError::Disconnected) => break,
+                Err(TryRecvError::Empty) if !self.paused || !out.is_empty() => break,
+                Err(TryRecvError::Empty) => {
+                    let rx = self.commands.clone();
+                    match py.detach(move || rx.recv_timeout(Duration::from_millis(100))) {
+                        Ok(c) => c,
+                        Err(RecvTimeoutError::Timeout) => {
+                            py.check_signals()?;
+                            continue;
+                        }
+                        Err(RecvTimeoutError::Disconnected) => break,
+                    }
+                }
+            };
+            if let Some(cmd) = self.handle(cmd) {
+                let id = self.next_id;
+                self.next_id += 1;
+                let kind = match cmd {
+                    Command::Checkpoint => "checkpoint",
+                    _ => "free_cache",
+                };
+                self.pending.insert(id, cmd);
+                out.push((id, kind.to_string()));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Confirms a command Python carried out, with what it did.
+    fn confirm(&mut self, id: u64, applied: String) -> PyResult<()> {
+        let cmd = self
+            .pending
+            .remove(&id)
+            .ok_or_else(|| value_error(format!("no command {id} is waiting")))?;
+        self.applied(cmd, applied);
+        Ok(())
+    }
+
+    /// A checkpoint the loop wrote.
+    fn checkpoint_saved(&mut self, step: u64, path: String) -> PyResult<()> {
+        self.bus()?;
+        self.checkpoint = Some(path.clone());
+        self.send(Telemetry::CheckpointSaved { step, path });
+        Ok(())
+    }
+
+    /// Ends the run as finished; returns a warning about the log, if any.
+    #[pyo3(signature = (stopped_by_user=false))]
+    fn finish(&mut self, py: Python<'_>, stopped_by_user: bool) -> Option<String> {
+        let summary = self.summary(stopped_by_user || self.stop_requested);
+        self.end(
+            py,
+            vec![
+                Telemetry::Status {
+                    status: RunStatus::Finished,
+                },
+                Telemetry::Finished(summary),
+            ],
+        )
+    }
+
+    /// Ends the run as failed, with the reason.
+    fn fail(&mut self, py: Python<'_>, reason: String) -> Option<String> {
+        self.end(
+            py,
+            vec![
+                Telemetry::Status {
+                    status: RunStatus::Failed,
+                },
+                Telemetry::Failed { reason },
+            ],
+        )
+    }
+
+    #[getter]
+    fn paused(&self) -> bool {
+        self.paused
+    }
+
+    #[getter]
+    fn stop_requested(&self) -> bool {
+        self.stop_requested
+    }
+
+    #[getter]
+    fn ended(&self) -> bool {
+        self.ended
+    }
+
+    #[getter]
+    fn micro_batch(&self) -> Option<usize> {
+        self.controller.as_ref().map(Controller::micro_batch)
+    }
+
+    #[getter]
+    fn limit_bytes(&self) -> u64 {
+        self.limit
+    }
+
+    #[getter]
+    fn thresholds(&self) -> (f64, f64, f64, f64) {
+        let [a, b, c, d] = self.thresholds_now().as_array();
+        (a, b, c, d)
+    }
+
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    #[getter]
+    fn is_cuda(&self) -> bool {
+        self.cuda
+    }
+
+    /// The Unix socket `headroom attach` reaches this run on; `None` when not serving.
+    #[getter]
+    fn socket(&self) -> Option<String> {
+        self.server
+            .as_ref()
+            .map(|s| s.addresses().socket.display().to_string())
+    }
+
+    /// `host:port` when serving on TCP too.
+    #[getter]
+    fn tcp(&self) -> Option<String> {
+        self.server
+            .as_ref()
+            .and_then(|s| s.addresses().tcp)
+            .map(|a| a.to_string())
+    }
+
+    /// The file holding the TCP token.
+    #[getter]
+    fn token_file(&self) -> Option<String> {
+        self.server
+            .as_ref()
+            .and_then(|s| s.addresses().token_file.as_ref())
+            .map(|p| p.display().to_string())
+    }
+
+    /// The directory runs serve their sockets in.
+    #[staticmethod]
+    fn runtime_dir() -> PyResult<String> {
+        rundir::dir()
+            .map(|d| d.display().to_string())
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+}
+
+impl Drop for NativeRun {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        // Dropped without finish() or fail(): the loop died or forgot; say so rather than
+        // leave viewers waiting.
+        Python::attach(|py| {
+            self.fail(py, "the run was dropped before finish() or fail()".into());
+        });
+    }
+}
+
+fn not_adaptive() -> PyErr {
+    PyRuntimeError::new_err(
+        "this run is watch-only: the controller decides micro-batches only for runs created \
+         with adaptive settings (effective_batch=…)",
+    )
+}
