@@ -1,0 +1,177 @@
+"""Shared pieces of the Python tests: a private runtime directory per test, a raw
+protocol viewer, small models, and no run left active between tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import headroom
+from headroom import _run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def runtime_dir(tmp_path, monkeypatch):
+    """Each test serves in its own runtime directory (0700, as the server demands)."""
+    d = tmp_path / "rt"
+    d.mkdir(mode=0o700)
+    monkeypatch.setenv("HEADROOM_RUNTIME_DIR", str(d))
+    yield d
+    current = _run._current
+    if current is not None and not current.ended:
+        current.fail("left active by a test")
+
+
+def headroom_bin() -> str:
+    path = os.environ.get("HEADROOM_BIN", str(ROOT / "target" / "release" / "headroom"))
+    if not Path(path).exists():
+        pytest.fail(f"the headroom binary {path} is missing; run the tests through ./dev test")
+    return path
+
+
+class Viewer:
+    """A client of a run's stream, speaking docs/PROTOCOL.md over the Unix socket."""
+
+    def __init__(self, path: str, timeout: float = 10.0):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.sock.connect(path)
+        self.file = self.sock.makefile("rb")
+        self.send({"kind": "hello", "protocol": "1.0", "client": "pytest", "want": "stream"})
+        self.hello = self.read()
+        assert self.hello["kind"] == "hello", self.hello
+        self.seen: list[dict] = []
+
+    def send(self, obj: dict) -> None:
+        self.sock.sendall((json.dumps(obj) + "\n").encode())
+
+    def command(self, command: str, **fields) -> None:
+        self.send({"kind": "command", "command": command, **fields})
+
+    def read(self) -> dict:
+        line = self.file.readline()
+        if not line:
+            raise EOFError("the run closed the stream")
+        return json.loads(line)
+
+    def until(self, pred, timeout: float = 20.0) -> dict:
+        """Reads records until one satisfies `pred`; returns it."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            r = self.read()
+            self.seen.append(r)
+            if pred(r):
+                return r
+        raise TimeoutError(f"no matching record within {timeout} s; last: {self.seen[-3:]}")
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def records(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def kinds(log: Path, kind: str) -> list[dict]:
+    return [r for r in records(log) if r["kind"] == kind]
+
+
+class TinyGPT(torch.nn.Module):
+    """A small causal transformer over byte tokens."""
+
+    def __init__(self, vocab: int = 64, d: int = 32, t: int = 16, layers: int = 2):
+        super().__init__()
+        self.tok = torch.nn.Embedding(vocab, d)
+        self.pos = torch.nn.Parameter(torch.randn(t, d) * 0.02)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.TransformerEncoderLayer(
+                d, nhead=4, dim_feedforward=4 * d, dropout=0.0, batch_first=True, norm_first=True
+            )
+            for _ in range(layers)
+        )
+        self.head = torch.nn.Linear(d, vocab)
+        self.hook = None
+
+    def forward(self, x):
+        h = self.tok(x) + self.pos[: x.shape[1]]
+        if self.hook is not None:
+            h = self.hook(h)
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+        for b in self.blocks:
+            h = b(h, src_mask=mask, is_causal=True)
+        return self.head(h)
+
+    def loss(self, batch):
+        x, y = batch
+        logits = self(x)
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+
+class TinyCNN(torch.nn.Module):
+    def __init__(self, classes: int = 4):
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(8, 16, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(),
+            torch.nn.Linear(16, classes),
+        )
+
+    def forward(self, x):
+        return self.net(x)
+
+    def loss(self, batch):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self(x), y)
+
+
+def gpt_batches(steps: int, n: int, t: int = 16, vocab: int = 64, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        x = torch.randint(0, vocab, (n, t), generator=g)
+        out.append((x, torch.roll(x, -1, dims=1)))
+    return out
+
+
+def cnn_batches(steps: int, n: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        x = torch.randn(n, 3, 16, 16, generator=g)
+        y = x.mean(dim=(2, 3)).argmax(dim=1) % 4
+        out.append((x, y))
+    return out
+
+
+def run_python(script: str, *args: str, env: dict | None = None, timeout: float = 300):
+    """Runs a Python script in a fresh interpreter (a hard cap is process-wide)."""
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run(
+        [sys.executable, script, *args],
+        capture_output=True,
+        text=True,
+        env=e,
+        timeout=timeout,
+    )
+
+
+__all__ = ["headroom"]
