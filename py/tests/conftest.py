@@ -3,6 +3,7 @@ protocol viewer, small models, and no run left active between tests."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -75,10 +76,8 @@ class Viewer:
         raise TimeoutError(f"no matching record within {timeout} s; last: {self.seen[-3:]}")
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.sock.close()
-        except OSError:
-            pass
 
 
 def records(log: Path) -> list[dict]:

@@ -7,10 +7,11 @@ import copy
 
 import pytest
 import torch
-from conftest import TinyCNN, TinyGPT, cnn_batches, gpt_batches
 
 import headroom
 from headroom import _torch
+
+from conftest import TinyCNN, TinyGPT, cnn_batches, gpt_batches
 
 REL = 1e-5
 

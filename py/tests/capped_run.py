@@ -1,0 +1,61 @@
+"""A Python run under a real cap (RLIMIT_DATA through headroom's hard_limit) that starts
+at a micro-batch which cannot fit: run by test_real_oom.py in its own process, since the
+cap is process-wide. Prints one JSON line with what happened."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+import headroom
+
+from conftest import TinyGPT, gpt_batches
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--log", required=True)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--room", default="160MiB", help="budget above what the process holds")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--hold", type=float, default=0.0, help="seconds to wait per step")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = TinyGPT(vocab=256, d=64, t=128, layers=2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    # The optimizer's state exists before the cap is measured against the process.
+    model.loss(gpt_batches(1, 2, t=128, vocab=256)[0]).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    held = headroom._native.rss()
+    budget = held + headroom._native.parse_bytes(args.room)
+    losses = []
+    with headroom.Run(
+        "capped",
+        model=model,
+        effective_batch=args.batch,
+        micro_batch=args.batch,
+        memory_budget=str(budget),
+        hard_limit=True,
+        log=args.log,
+        total_steps=args.steps,
+    ) as run:
+        for b in gpt_batches(args.steps, args.batch, t=128, vocab=256):
+            if run.should_stop:
+                break
+            losses.append(run.backward(b, model.loss))
+            run.step(opt)
+            if args.hold:
+                import time
+
+                time.sleep(args.hold)
+        print(json.dumps({"losses": losses, "micro_batch": run.micro_batch, "budget": budget}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""Real out-of-memory errors: a Python run under a hard cap below its starting
+micro-batch recovers, settles under target and completes; `headroom attach` on a pty
+shows the OOM and the decisions, and its keys reach the Python loop."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import pty
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+from conftest import headroom_bin, records
+
+HERE = Path(__file__).resolve().parent
+TARGET = 0.9
+
+
+def start_capped(log: Path, *args: str) -> subprocess.Popen:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "capped_run.py"), "--log", str(log), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def test_a_run_capped_below_its_start_recovers_settles_and_completes(tmp_path):
+    log = tmp_path / "capped.jsonl"
+    p = start_capped(log, "--steps", "10")
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 0, err
+    result = json.loads(out.strip().splitlines()[-1])
+    recs = records(log)
+    ooms = [r for r in recs if r["kind"] == "oom"]
+    assert ooms, "the cap never bit: no oom record"
+    assert ooms[0]["micro_batch"] == 256 and ooms[0]["retry_with"] < 256
+    assert "allocate" in ooms[0]["error"]
+    resizes = [
+        r["decision"]
+        for r in recs
+        if r["kind"] == "decision" and r["decision"]["decision"] == "resize"
+    ]
+    assert any(d["reason"] == "oom" for d in resizes)
+    mem = [r for r in recs if r["kind"] == "step_memory"]
+    assert [m["step"] for m in mem] == list(range(1, 11)), "a step was lost or repeated"
+    # Settled under target: the last steps' peaks against the budget.
+    assert all(m["usage"] < TARGET for m in mem[-5:]), [m["usage"] for m in mem]
+    assert max(m["usage"] for m in mem[-5:]) > 0.5, "settled far below what fits"
+    finished = [r for r in recs if r["kind"] == "finished"]
+    assert finished and finished[0]["steps_done"] == 10
+    assert finished[0]["memory"]["ooms"] == len(ooms)
+    losses = result["losses"]
+    assert len(losses) == 10 and losses[-1] < losses[0]
+
+
+def _spawn_on_pty(argv: list[str], cols: int = 160, rows: int = 50):
+    pid, fd = pty.fork()
+    if pid == 0:
+        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        env = dict(os.environ, TERM="xterm-256color")
+        os.execve(argv[0], argv, env)
+    return pid, fd
+
+
+class Screen:
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.data = b""
+
+    def pump(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            r, _, _ = select.select([self.fd], [], [], 0.05)
+            if r:
+                try:
+                    chunk = os.read(self.fd, 65536)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                self.data += chunk
+
+    def wait_for(self, text: str, timeout: float = 60) -> bool:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if text.encode() in self.data:
+                return True
+            self.pump(0.2)
+        return False
+
+    def send(self, b: bytes) -> None:
+        os.write(self.fd, b)
+
+
+def _wait_log(log: Path, pred, timeout: float = 60):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if log.exists():
+            recs = records(log)
+            if pred(recs):
+                return recs
+        time.sleep(0.1)
+    raise AssertionError(f"never logged; last records: {records(log)[-5:] if log.exists() else []}")
+
+
+def test_attach_shows_the_python_runs_oom_and_its_keys_reach_the_loop(tmp_path, runtime_dir):
+    log = tmp_path / "capped.jsonl"
+    p = start_capped(log, "--steps", "60", "--hold", "0.1")
+    try:
+        _wait_log(log, lambda rs: any(r["kind"] == "step" for r in rs), timeout=120)
+        pid, fd = _spawn_on_pty([headroom_bin(), "attach", "capped"])
+        screen = Screen(fd)
+        try:
+            assert screen.wait_for("attached to"), screen.data[-2000:]
+            # The OOM at step 1 came before the viewer: the catch-up brings it to screen.
+            assert screen.wait_for("out of memory at micro-batch 256"), screen.data[-3000:]
+            screen.send(b"p")
+            recs = _wait_log(
+                log,
+                lambda rs: any(
+                    r["kind"] == "command_applied" and r["command"]["command"] == "pause"
+                    for r in rs
+                ),
+            )
+            assert screen.wait_for("paused")
+            paused_steps = sum(r["kind"] == "step" for r in recs)
+            time.sleep(1.5)
+            now = sum(r["kind"] == "step" for r in records(log))
+            assert now <= paused_steps + 1, "the Python loop kept stepping while paused"
+            screen.send(b"p")
+            _wait_log(
+                log,
+                lambda rs: any(
+                    r["kind"] == "command_applied" and r["command"]["command"] == "resume"
+                    for r in rs
+                ),
+            )
+            # Stop from the dashboard: the loop reads run.should_stop and ends early.
+            screen.send(b"S")
+            assert screen.wait_for("stop the run?"), screen.data[-2000:]
+            screen.send(b"y")
+            _wait_log(log, lambda rs: rs[-1]["kind"] == "finished", timeout=120)
+            screen.send(b"q")
+            _, status = os.waitpid(pid, 0)
+            assert os.WEXITSTATUS(status) == 0
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            os.close(fd)
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err
+        finished = records(log)[-1]
+        assert finished["kind"] == "finished" and finished["stopped_by_user"]
+        assert finished["steps_done"] < 60
+    finally:
+        if p.poll() is None:
+            p.kill()
