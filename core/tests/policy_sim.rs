@@ -81,15 +81,15 @@ impl Family {
     /// a regression fails the test while the seeded sweep stays as it is.
     fn floor(self) -> u32 {
         match self {
-            Family::FixedClean => 81,
-            Family::FixedNoBaseline => 73,
-            Family::FixedHeap => 57,
-            Family::FixedCache => 72,
+            Family::FixedClean => 84,
+            Family::FixedNoBaseline => 75,
+            Family::FixedHeap => 59,
+            Family::FixedCache => 75,
             Family::FixedOutside => 67,
-            Family::FixedLimitDrop => 72,
-            Family::Ramp => 87,
-            Family::Random => 79,
-            Family::RandomHeap => 42,
+            Family::FixedLimitDrop => 76,
+            Family::Ramp => 89,
+            Family::Random => 78,
+            Family::RandomHeap => 44,
         }
     }
 

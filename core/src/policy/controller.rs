@@ -309,6 +309,12 @@ pub struct Controller {
     risk_probed: bool,
     /// That probe is the size in force, until its first reading.
     risk_probe: bool,
+    /// The size in force was reached by shrinking to the model's fit (a reading over
+    /// target or critical, a forecast): the readings said the sizes above it do not fit,
+    /// so the one-size rules that take any gain (or one sequence more) to learn a second
+    /// size do not apply to it. After the drift rule forgets the readings, they grew back
+    /// by a sequence or two on the next step and undid the shrink.
+    shrunk_to: bool,
 }
 
 impl Controller {
@@ -352,6 +358,7 @@ impl Controller {
             floor_bytes: None,
             risk_probed: false,
             risk_probe: false,
+            shrunk_to: false,
         }
     }
 
@@ -722,6 +729,10 @@ impl Controller {
         self.probing = false;
         self.risk_probe = false;
         self.grown_from = (to > from && reason == ResizeReason::Grow).then_some(from);
+        // Halving after an OOM or an emergency is a guess, not a judgement of the sizes
+        // above: those may still be probed.
+        self.shrunk_to =
+            to < from && !matches!(reason, ResizeReason::Oom | ResizeReason::Emergency);
         if to > from {
             self.unresponsive = false;
         }
@@ -888,8 +899,12 @@ impl Controller {
         if current {
             if let Some(p) = self.pending_shrink.take() {
                 // A shorter length only lowers usage further, so it judges the shrink too
-                // (with random lengths the same length rarely comes next).
-                if obs.seq_len <= p.seq_len {
+                // (with random lengths the same length rarely comes next); so does a longer
+                // one whose batch is still smaller, a sequence costing at most
+                // quadratically in its length. With random lengths and memory held at a
+                // high-water mark, waiting for a length no longer than the one shrunk at
+                // let the emergency rule halve four times on the same reading.
+                if shrunk_batch_share(p, obs) < 1.0 {
                     out.extend(self.check_shrink_worked(obs, p, usage));
                 }
             }
@@ -1023,7 +1038,11 @@ impl Controller {
         }
         let over = usage > t.target && usage <= t.warning;
         if let Some(from) = grown_from {
-            if usage > t.target && usage < t.critical && may_resize && !first {
+            // Readings scatter by about MIN_MARGIN around the batch's own peak: one just
+            // over target is as likely a size that fits on a high reading (and the drift
+            // rule still sees it if it persists). Shrinking on it cost a fourth adjustment
+            // and, once settled, undid a growth to the feasible size.
+            if usage > t.target + MIN_MARGIN && usage < t.critical && may_resize && !first {
                 // The growth overshot: the fit now includes the reading that shows it.
                 let fit = self.fit_target(seq).unwrap_or(from);
                 out.extend(self.learn_ceiling(obs.micro_batch, tokens, obs.seq_len, usage));
@@ -1182,13 +1201,33 @@ impl Controller {
         let gain = (mb as f64 * min_gain).ceil().max(1.0) as usize;
         // Room to spare: more than noise and the margin away from target.
         let room = usage < self.thresholds.target - self.margin() - 2.0 * MIN_MARGIN;
-        if cand >= mb + gain || (!fitted && room && cand > mb) {
+        let learning = !fitted && room && !self.shrunk_to;
+        // Nor, on a settled fit, is a growth whose predicted rise in usage is within what
+        // readings scatter by (both ends of the noise): it cannot be told from noise, may land
+        // over target and be undone. With a large fixed part a tenth more sequences is
+        // that little memory, and the margin's decay (the young fit's errors leaving the
+        // window) made such a growth, 20 steps after the run had settled near target, a
+        // fourth adjustment.
+        let rise = match (
+            self.predicted_usage(cand, seq),
+            self.predicted_usage(mb, seq),
+        ) {
+            (Some(to), Some(now)) => to - now,
+            _ => f64::INFINITY,
+        };
+        // Only at a length measured: beyond it the cost is a bound (all attention), whose
+        // small steps are how a ramp learns the curve.
+        let worth = cand >= mb + gain
+            && (self.model.distinct_sizes() < 3
+                || seq > self.max_seq_seen
+                || rise >= 2.0 * MIN_MARGIN);
+        if worth || (learning && cand > mb) {
             // Unfitted, any gain is worth it: a second size is what separates the fixed
             // part from the per-token cost.
             out.extend(self.resize(cand, ResizeReason::Grow, usage));
             return out;
         }
-        if !fitted && room && limit > mb && !waits {
+        if learning && limit > mb && !waits {
             // Not even one more sequence is predicted under target, but the prediction
             // assumes the worst of the fixed part: probe one more if even that worst
             // case stays under critical.
@@ -1285,12 +1324,14 @@ impl Controller {
             self.predicted_bytes(obs.micro_batch, obs.seq_len),
         ) {
             (true, Some(a), Some(b)) => a.saturating_sub(b) as f64 / self.limit_bytes as f64,
-            _ => before * (1.0 - obs.micro_batch as f64 / from as f64),
+            _ => before * (1.0 - shrunk_batch_share(p, obs)),
         };
         if expected < MIN_EXPECTED_DROP || before - usage >= expected / 4.0 {
             return Vec::new();
         }
         self.unresponsive = true;
+        // The shrink did not lower usage: it said nothing about the sizes above.
+        self.shrunk_to = false;
         self.forget_readings();
         vec![
             Decision::EmptyCache { usage },
@@ -1383,6 +1424,14 @@ impl Controller {
             retry_with: Some(self.micro_batch),
         }
     }
+}
+
+/// At most this share of the batch's memory at the shrink's size and length is left in
+/// `obs`, if memory follows the batch: tokens scale it, and a token in a longer sequence
+/// costs at most that much more (all of it attention).
+fn shrunk_batch_share(p: PendingShrink, obs: StepObservation) -> f64 {
+    let stretch = (obs.seq_len as f64 / p.seq_len.max(1) as f64).max(1.0);
+    obs.micro_batch as f64 / p.from.max(1) as f64 * stretch * stretch
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -2173,5 +2222,36 @@ mod tests {
         let n = sizes.len();
         sizes.dedup();
         assert_eq!(sizes.len(), n, "said once per size: {said:?}");
+    }
+
+    /// Seen in the simulator (a soft budget, random lengths, freed heap pages kept mapped):
+    /// a start far too large ran past the limit, and every later step read the same
+    /// high-water mark. The emergency rule halved on it four times in a row (382 → 68 →
+    /// 34 → 17) because each next step was longer than the one shrunk at, so whether the
+    /// shrink had lowered usage was never judged. A longer length whose batch is still
+    /// far smaller judges it too: one shrink, then the run holds.
+    #[test]
+    fn a_high_water_mark_with_random_lengths_does_not_halve_again_and_again() {
+        let lens = [216usize, 240, 250, 459, 343, 245, 212, 156, 300, 480];
+        let mut c = Controller::new(cfg(512), Thresholds::default(), LIMIT, 3060);
+        c.set_baseline((0.18 * LIMIT as f64) as u64);
+        let mark = (1.1543 * LIMIT as f64) as u64;
+        let (ds, _) = drive_with(
+            &mut c,
+            1..=lens.len() as u64,
+            |s| lens[s as usize - 1],
+            |mb, seq| {
+                if mb == 3060 {
+                    (1.2194 * LIMIT as f64) as u64
+                } else {
+                    // The batch's own peak is far below: the reading is the mark.
+                    mark.max((0.21 * LIMIT as f64) as u64 + (mb * seq) as u64 * 40)
+                }
+            },
+        );
+        let r = resizes_of(&ds);
+        assert_eq!(r.len(), 1, "one shrink, then hold: {r:?}");
+        assert_eq!(r[0].0, 1);
+        assert!(c.micro_batch() >= 3060 / 8, "{}", c.micro_batch());
     }
 }
