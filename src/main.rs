@@ -143,6 +143,7 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
             run_name: config.run.name.clone(),
             listen: args.listen.clone(),
             producer: "headroom train".into(),
+            job: None,
         };
         server::serve_run(&opts, records, cmd_tx.clone(), &bus)
     });

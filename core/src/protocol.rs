@@ -117,6 +117,19 @@ pub struct RunStatusLine {
     pub elapsed_s: f64,
     /// `HOST:PORT` when the run also listens on TCP.
     pub tcp: Option<String>,
+    /// The multi-process job this run is one rank of (torchrun); absent for a lone run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<JobRank>,
+}
+
+/// One rank of a multi-process job, as torchrun names it (`TORCHELASTIC_RUN_ID`, `RANK`,
+/// `LOCAL_RANK`, `WORLD_SIZE`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobRank {
+    pub id: String,
+    pub rank: u32,
+    pub local_rank: u32,
+    pub world_size: u32,
 }
 
 /// Error codes of an `error` line.

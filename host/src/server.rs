@@ -20,8 +20,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::{bounded, select, Receiver, Sender, TrySendError};
 use headroom_core::protocol::{
-    check_version, code, version_string, CatchUp, CatchUpLimits, ClientLine, ServerControl,
-    ServerHello, Want, MAX_CLIENT_LINE,
+    check_version, code, version_string, CatchUp, CatchUpLimits, ClientLine, JobRank,
+    ServerControl, ServerHello, Want, MAX_CLIENT_LINE,
 };
 use headroom_core::{Bus, Command, Level, Notice, Record, Telemetry};
 
@@ -57,6 +57,8 @@ pub struct ServeOptions {
     /// `HOST:PORT`, `:PORT` or `PORT` (loopback unless a host is named).
     pub listen: Option<String>,
     pub producer: String,
+    /// The job this run is one rank of (`headroom ls` groups ranks by job).
+    pub job: Option<JobRank>,
 }
 
 /// Where a run is served, for the messages that say so.
@@ -142,6 +144,7 @@ struct Shared {
     run_name: String,
     run_id: String,
     producer: String,
+    job: Option<JobRank>,
     pid: u32,
     token: Option<String>,
     commands: Sender<Command>,
@@ -229,6 +232,7 @@ impl Server {
             run_name: opts.run_name.clone(),
             run_id: format!("{}-{pid}-{started}", opts.run_name),
             producer: opts.producer.clone(),
+            job: opts.job.clone(),
             pid,
             token,
             commands,
@@ -412,6 +416,7 @@ fn hub(records: Receiver<Record>, joins: Receiver<Join>, shared: Arc<Shared>, tc
                         started.elapsed().as_secs_f64(),
                     );
                     line.tcp = tcp.clone();
+                    line.job = shared.job.clone();
                     if line.run_name.is_empty() {
                         line.run_name = shared.run_name.clone();
                     }

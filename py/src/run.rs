@@ -11,6 +11,7 @@ use headroom_core::config::{auto_budget, MemorySection, RunConfig};
 use headroom_core::policy::{
     Controller, ControllerConfig, Decision, Profile, StepObservation, Thresholds, Upcoming,
 };
+use headroom_core::protocol::JobRank;
 use headroom_core::units::fmt_bytes;
 use headroom_core::{
     Bus, Command, Level, MemorySummary, Notice, RunInfo, RunStatus, RunSummary, StepMemory,
@@ -369,7 +370,7 @@ impl NativeRun {
         name, *, producer, device, device_name, parameters, total_steps,
         effective_batch, micro_batch, log=None, listen=None, sample_hz=4.0,
         cuda_index=None, device_total=None, allocator=None, memory_budget=None,
-        hard_limit=false, thresholds=None, profile=None, adaptive=false
+        hard_limit=false, thresholds=None, profile=None, adaptive=false, job=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -393,6 +394,7 @@ impl NativeRun {
         thresholds: Option<String>,
         profile: Option<String>,
         adaptive: bool,
+        job: Option<(String, u32, u32, u32)>,
     ) -> PyResult<NativeRun> {
         if name.trim().is_empty() {
             return Err(value_error(
@@ -457,6 +459,12 @@ impl NativeRun {
                 run_name: name.clone(),
                 listen,
                 producer,
+                job: job.map(|(id, rank, local_rank, world_size)| JobRank {
+                    id,
+                    rank,
+                    local_rank,
+                    world_size,
+                }),
             };
             server::serve_run(&opts, records, commands_tx.clone(), &bus)
         });

@@ -163,9 +163,16 @@ class Run:
         cuda = self.device.type == "cuda"
         ranks = _torch.rank_info()
         name = name or _default_name()
+        job = None
         if ranks is not None:
-            job = ranks["TORCHELASTIC_RUN_ID"] or "job"
-            name = f"{name}.{job}.rank{ranks['RANK']}"
+            job_id = ranks["TORCHELASTIC_RUN_ID"] or "job"
+            name = f"{name}.{job_id}.rank{ranks['RANK']}"
+            job = (
+                job_id,
+                int(ranks["RANK"]),
+                int(ranks["LOCAL_RANK"] or ranks["RANK"]),
+                int(ranks["WORLD_SIZE"]),
+            )
         budget = None
         if memory_budget is not None and memory_budget != "":
             budget = str(memory_budget) if isinstance(memory_budget, int) else memory_budget
@@ -197,6 +204,7 @@ class Run:
             thresholds=thresholds,
             profile=profile,
             adaptive=bool(adaptive) and self._adaptive,
+            job=job,
         )
         self._meter = _torch.PeakMeter(self.device)
         if not self._meter.exact:
