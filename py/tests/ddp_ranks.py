@@ -1,0 +1,50 @@
+"""One rank of a torchrun job (test_torchrun.py): watches its own steps on its own
+stream, tries adaptive mode under the process group (refused), and holds until told."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from conftest import TinyCNN, cnn_batches
+
+import headroom
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--release", required=True, help="a file whose existence ends the hold")
+    args = ap.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = torch.nn.parallel.DistributedDataParallel(TinyCNN())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with headroom.Run("ddp", model=model.module) as run:
+        for b in cnn_batches(3, 8, seed=rank):
+            loss = torch.nn.functional.cross_entropy(model(b[0]), b[1])
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            run.report(loss, samples=8)
+        print(f"rank {rank} serving {run.name}", flush=True)
+        deadline = time.monotonic() + 120
+        while not Path(args.release).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    try:
+        with headroom.Run("ddp-adaptive", model=model.module, effective_batch=8) as run:
+            run.backward(cnn_batches(1, 8)[0], model.module.loss)
+    except headroom.RunError as e:
+        print(f"rank {rank} refused: {e}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())
