@@ -11,6 +11,14 @@ micro-batch steered by headroom's memory controller. The whole API: docs/PYTHON.
     run.step(optimizer)
 """
 
+try:
+    import torch  # noqa: F401
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "headroom works with the PyTorch of your environment and found none; install "
+        "torch (e.g. pip install torch), then import headroom"
+    ) from e
+
 from ._batch import BatchError
 from ._native import PROTOCOL, VERSION
 from ._run import LossError, OptimizerStepFailed, OutOfMemory, Run, RunError
