@@ -97,7 +97,13 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
     if let Some(l) = &args.listen {
         server::parse_listen(l).map_err(|e| anyhow::anyhow!(e))?;
     }
-    let (bus, mut rx) = Bus::with_sinks(log_file.is_some(), true);
+    // HEADROOM_LOG_QUEUE: the log's queue size, for the stalled-reader test (the same path
+    // as the default's 8192 records, reached in seconds).
+    let log_queue = std::env::var("HEADROOM_LOG_QUEUE")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(8192);
+    let (bus, mut rx) = Bus::with_sinks_sized(log_file.is_some(), true, log_queue);
     let (cmd_tx, cmd_rx) = bounded::<Command>(64);
     let no_screen = screen_unavailable(&args);
     let headless = no_screen.is_some();

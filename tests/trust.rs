@@ -65,12 +65,18 @@ impl Drop for Run {
 /// A headless tiny run that goes on until stopped, checkpointing every `every` steps and
 /// logging to `log` (a path in `dir`).
 fn long_run(dir: &Path, log: &str, every: u64, extra: &[&str]) -> Run {
+    long_run_env(dir, log, every, extra, &[])
+}
+
+/// [`long_run`] with extra environment.
+fn long_run_env(dir: &Path, log: &str, every: u64, extra: &[&str], env: &[(&str, &str)]) -> Run {
     Run(bin()
         .current_dir(dir)
         .args(["train", "--headless", "--config"])
         .arg(tiny_checkpointing_every(dir, every))
         .args(["--steps", "100000", "--checkpoint-dir", "ck", "--log", log])
         .args(extra)
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join("stderr.txt")).unwrap())
         .spawn()
@@ -143,10 +149,16 @@ fn a_log_reader_that_never_reads_neither_stalls_training_nor_blocks_a_stop() {
         .custom_flags(libc::O_NONBLOCK)
         .open(&fifo)
         .unwrap();
-    let mut child = long_run(dir.path(), "log.fifo", 0, &[]);
+    // The pipe holds 64 KiB, a few hundred records, and the log's queue (256 here, 8192 by
+    // default: on a loaded 2-core machine filling that took over 5 minutes) more.
+    let mut child = long_run_env(
+        dir.path(),
+        "log.fifo",
+        0,
+        &[],
+        &[("HEADROOM_LOG_QUEUE", "256")],
+    );
     let err = dir.path().join("stderr.txt");
-    // The pipe holds 64 KiB, a few hundred records, and the log's queue 8192 more: training
-    // must go far past that (on a loaded 2-core machine filling both took over 2 minutes).
     wait_for("steps past the stall", Duration::from_secs(300), || {
         count_in(&err, "step ") >= 4 && count_in(&err, "stopped reading") >= 1
     });

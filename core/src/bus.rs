@@ -105,7 +105,14 @@ impl Bus {
 
     /// [`Bus::new`], with a sink for the stream server when `serve` is true.
     pub fn with_sinks(with_log: bool, serve: bool) -> (Bus, BusReceivers) {
-        let (mut bus, mut rx) = Bus::new(with_log);
+        Bus::with_sinks_sized(with_log, serve, LOG_CAPACITY)
+    }
+
+    /// [`Bus::with_sinks`] with the log's queue holding `log` records (a stalled log
+    /// reader's test fills a small one in seconds instead of minutes).
+    pub fn with_sinks_sized(with_log: bool, serve: bool, log: usize) -> (Bus, BusReceivers) {
+        let (mut bus, mut rx) =
+            Bus::with_capacities(with_log, EVENT_CAPACITY, METRIC_CAPACITY, log.max(1));
         if serve {
             let (sink, srx) = Sink::new(LOG_CAPACITY);
             bus.serve = Some(sink);

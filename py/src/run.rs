@@ -349,7 +349,8 @@ fn resolve_limit(
     ));
     if mem.hard_limit {
         let b = budget.expect("checked above");
-        let cap = procmem::set_hard_limit(b)?;
+        let cap = procmem::set_hard_limit(b)
+            .map_err(|e| e.replace("--memory-budget", "memory_budget"))?;
         notices.push(Notice::new(
             Level::Info,
             "memory",
@@ -426,14 +427,21 @@ impl NativeRun {
         }
         let t = cfg.memory.thresholds().map_err(value_error)?;
         let cuda = cuda_index.is_some();
-        let (limit, notices) =
-            resolve_limit(&cfg.memory, cuda, device_total).map_err(value_error)?;
-
         let pending_log = log
             .as_deref()
             .map(|p| logger::open(p, &[], None, Duration::from_secs(10)))
             .transpose()
             .map_err(|e| value_error(format!("{e:#}").replace("--log", "log=")))?;
+        // Last of the checks: a hard cap, once set, is the whole process's.
+        let (limit, notices) = match resolve_limit(&cfg.memory, cuda, device_total) {
+            Ok(r) => r,
+            Err(e) => {
+                if let Some(l) = pending_log {
+                    l.abandon();
+                }
+                return Err(value_error(e));
+            }
+        };
         let (bus, mut rx) = Bus::with_sinks(pending_log.is_some(), true);
         // Nobody draws in this process: viewers attach over the socket.
         drop((rx.events, rx.metrics));
