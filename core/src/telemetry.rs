@@ -127,7 +127,10 @@ pub struct RunInfo {
     pub corpus: String,
     pub train_bytes: u64,
     pub val_bytes: u64,
-    pub config: RunConfig,
+    /// `headroom train`'s configuration; absent for other producers (a Python loop),
+    /// whose settings are not a `RunConfig`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<RunConfig>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -137,9 +140,10 @@ pub struct StepMetrics {
     pub total_steps: u64,
     /// Mean cross-entropy over every token of the effective batch, nats per byte.
     pub loss: f64,
-    pub lr: f64,
-    /// Global gradient norm before clipping.
-    pub grad_norm: f64,
+    /// `None` (null) when the producer does not know it (a Python loop that did not say).
+    pub lr: Option<f64>,
+    /// Global gradient norm before clipping; `None` when the producer does not know it.
+    pub grad_norm: Option<f64>,
     pub step_time_s: f64,
     pub tokens_per_s: f64,
     pub samples_per_s: f64,

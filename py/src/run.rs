@@ -460,7 +460,7 @@ impl NativeRun {
             corpus: String::new(),
             train_bytes: 0,
             val_bytes: 0,
-            config: cfg,
+            config: None,
         }));
         let server = rx.serve.take().and_then(|records| {
             let opts = ServeOptions {
@@ -665,7 +665,7 @@ impl NativeRun {
     }
 
     /// A completed step's figures.
-    #[pyo3(signature = (step, loss, micro_batch, effective_batch, seq_len, step_time_s, tokens, lr=0.0, grad_norm=0.0))]
+    #[pyo3(signature = (step, loss, micro_batch, effective_batch, seq_len, step_time_s, tokens, lr=None, grad_norm=None))]
     #[allow(clippy::too_many_arguments)]
     fn step(
         &mut self,
@@ -676,8 +676,8 @@ impl NativeRun {
         seq_len: usize,
         step_time_s: f64,
         tokens: u64,
-        lr: f64,
-        grad_norm: f64,
+        lr: Option<f64>,
+        grad_norm: Option<f64>,
     ) -> PyResult<()> {
         self.bus()?;
         let dt = step_time_s.max(1e-9);
@@ -769,6 +769,29 @@ impl NativeRun {
             }
         }
         Ok(out)
+    }
+
+    /// A stop asked by a signal (`why`, e.g. "SIGTERM"): as the dashboard's stop, said
+    /// with its cause.
+    fn request_stop(&mut self, why: &str) -> PyResult<()> {
+        self.bus()?;
+        if !self.stop_requested {
+            self.stop_requested = true;
+            self.paused = false;
+            self.send(Telemetry::Status {
+                status: RunStatus::Stopping,
+            });
+        }
+        self.notice(
+            Level::Warn,
+            "signal",
+            format!(
+                "{why}: stopping after step {} (the loop ends when it reads run.should_stop, \
+                 or at the next step's end; a second {why} ends the process at once)",
+                self.step
+            ),
+        );
+        Ok(())
     }
 
     /// Confirms a command Python carried out, with what it did.

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from conftest import TinyCNN, cnn_batches
 
 import headroom
+
+from conftest import TinyCNN, cnn_batches
 
 
 def main() -> int:

@@ -793,7 +793,7 @@ impl Trainer {
             corpus: self.data.name().to_string(),
             train_bytes: self.data.train_bytes() as u64,
             val_bytes: self.data.val_bytes() as u64,
-            config: self.cfg.clone(),
+            config: Some(self.cfg.clone()),
         }));
         for notice in std::mem::take(&mut self.startup_notices) {
             bus.send(Telemetry::Notice(notice));
@@ -922,8 +922,8 @@ impl Trainer {
             step: s,
             total_steps: self.cfg.run.steps,
             loss: out.loss,
-            lr: plan.lr,
-            grad_norm: out.grad_norm,
+            lr: Some(plan.lr),
+            grad_norm: Some(out.grad_norm),
             step_time_s: dt,
             tokens_per_s: tokens as f64 / dt,
             samples_per_s: plan.effective_batch as f64 / dt,

@@ -508,8 +508,8 @@ fn schedule_is_part_of_the_run() {
     handle.join().unwrap();
     for m in rx.metrics.try_iter() {
         if let Telemetry::Step(s) = m.msg {
-            assert_eq!(s.lr, sched.lr_at(s.step));
-            assert!(s.tokens_per_s > 0.0 && s.grad_norm > 0.0);
+            assert_eq!(s.lr, Some(sched.lr_at(s.step)));
+            assert!(s.tokens_per_s > 0.0 && s.grad_norm.is_some_and(|g| g > 0.0));
         }
     }
 }
@@ -537,7 +537,7 @@ fn default_config_benchmark() {
                 times.push(s.step_time_s);
                 if s.step % 25 == 0 {
                     eprintln!("step {:4} loss {:.4} lr {:.2e} gnorm {:.3} {:.0} tok/s",
-                        s.step, s.loss, s.lr, s.grad_norm, s.tokens_per_s);
+                        s.step, s.loss, s.lr.unwrap_or(0.0), s.grad_norm.unwrap_or(0.0), s.tokens_per_s);
                 }
             },
             recv(rx.events) -> e => match e.map(|r| r.msg) {

@@ -14,8 +14,8 @@ fn step(n: u64, micro: usize, accum: usize) -> Telemetry {
         step: n,
         total_steps: 100,
         loss: 2.0,
-        lr: 1e-3,
-        grad_norm: 1.0,
+        lr: Some(1e-3),
+        grad_norm: Some(1.0),
         step_time_s: 0.5,
         tokens_per_s: 1.0,
         samples_per_s: 1.0,
@@ -40,7 +40,7 @@ fn run_started_names_the_run_and_resumes_from_its_start_step() {
         corpus: "c".into(),
         train_bytes: 1,
         val_bytes: 1,
-        config: RunConfig::default(),
+        config: Some(RunConfig::default()),
     }));
     assert_eq!(app.run_name, "from-trainer");
     assert_eq!(app.step(), 40, "a resumed run starts at its checkpoint");

@@ -26,7 +26,7 @@ fn run_info(device: &str, device_name: &str) -> RunInfo {
         corpus: "tinyshakespeare.txt (bundled)".into(),
         train_bytes: 1_003_854,
         val_bytes: 111_540,
-        config: RunConfig::default(),
+        config: Some(RunConfig::default()),
     }
 }
 
@@ -36,8 +36,8 @@ fn step(n: u64, micro_batch: usize) -> Telemetry {
         step: n,
         total_steps: 300,
         loss: 5.5 - 3.0 * (1.0 - (-(n as f64) / 20.0).exp()),
-        lr: 3e-3,
-        grad_norm: 0.8,
+        lr: Some(3e-3),
+        grad_norm: Some(0.8),
         step_time_s: 0.095,
         tokens_per_s: 21_500.0,
         samples_per_s: 336.0,

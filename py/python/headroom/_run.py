@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import math
 import os
+import signal
 import sys
 import threading
 import time
@@ -225,6 +226,64 @@ class Run:
         self._step = 0
         self._accumulated: tuple | None = None
         self._boundary_t = time.perf_counter()
+        self._signalled: int | None = None
+        self._signal_boundaries = 0
+        self._stop_checkpointed = False
+        self._saved_handlers: dict = {}
+        self._install_signal_handlers()
+
+    # ---- signals -------------------------------------------------------------------------
+
+    def _install_signal_handlers(self) -> None:
+        """SIGTERM and SIGHUP would end the process without atexit: the log without its
+        end, the socket left behind. Taken over only where nobody handles them."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) == signal.SIG_DFL:
+                self._saved_handlers[sig] = signal.SIG_DFL
+                signal.signal(sig, self._on_signal)
+
+    def _restore_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig, handler in self._saved_handlers.items():
+            if signal.getsignal(sig) == self._on_signal:
+                signal.signal(sig, handler)
+        self._saved_handlers = {}
+
+    def _on_signal(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self._signalled is not None or self._native.ended:
+            # Asked twice (or the loop is stuck between steps): end now, the run's end
+            # recorded, then the signal's own default action.
+            self.fail(f"killed by a second {name} at step {self._step}")
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self._signalled = signum
+        self._native.request_stop(name)
+
+    def _after_signal_boundary(self) -> None:
+        """At each step's end after a stop signal: the first leaves the loop to read
+        should_stop; a loop that steps again is ended here, the run finished as stopped."""
+        self._signal_boundaries += 1
+        if self._signal_boundaries == 1:
+            return
+        signum = self._signalled
+        self.finish()
+        raise SystemExit(128 + signum)
+
+    def _checkpoint_for_stop(self) -> None:
+        """A stop (the dashboard's, or a signal's) checkpoints once, as `headroom train`'s
+        does, through on_checkpoint; at the step's end, or at finish() when the loop
+        ended first."""
+        if self._stop_checkpointed or self._on_checkpoint is None:
+            return
+        if not self._native.stop_requested or self._accumulated is not None:
+            return
+        self._stop_checkpointed = True
+        self.notice(f"stop: {self._carry_out('checkpoint')}")
 
     # ---- what a loop reads -------------------------------------------------------------
 
@@ -297,7 +356,7 @@ class Run:
         n = samples or 1
         peak = self._meter.peak()
         self._native.observe(step, n, seq_len, peak)
-        self._native.step(step, value, n, n, seq_len, dt, n * seq_len, lr or 0.0, grad_norm or 0.0)
+        self._native.step(step, value, n, n, seq_len, dt, n * seq_len, _opt(lr), _opt(grad_norm))
         if not math.isfinite(value):
             self.notice(f"step {step}: the loss is {value}", level="warn")
         self._step = step
@@ -448,8 +507,8 @@ class Run:
         if free:
             _torch.free_memory(self.device)
         dt = time.perf_counter() - t0
-        lr = optimizer.param_groups[0].get("lr", 0.0) if optimizer.param_groups else 0.0
-        self._native.step(step, value, mb, n, seq, dt, n * seq, float(lr), grad_norm or 0.0)
+        lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
+        self._native.step(step, value, mb, n, seq, dt, n * seq, _opt(lr), _opt(grad_norm))
         self._step = step
         self._boundary()
 
@@ -522,6 +581,7 @@ class Run:
         """Ends the run: attached dashboards show it finished; the socket goes."""
         if self._native.ended:
             return
+        self._checkpoint_for_stop()
         warning = self._native.finish()
         self._release()
         if warning:
@@ -535,6 +595,7 @@ class Run:
 
     def _release(self) -> None:
         global _current
+        self._restore_signal_handlers()
         with _current_lock:
             if _current is self:
                 _current = None
@@ -567,6 +628,9 @@ class Run:
                 self._native.confirm(cid, self._carry_out(kind))
             if not self._native.paused:
                 break
+        self._checkpoint_for_stop()
+        if self._signalled is not None:
+            self._after_signal_boundary()
         self._boundary_t = time.perf_counter()
         self._meter.reset()
 
@@ -630,6 +694,11 @@ class _OptimizerSnapshot:
         for p in self.stateless:
             self.opt.state.pop(p, None)
         return True
+
+
+def _opt(x: Any) -> float | None:
+    """A figure the loop may not know: None is sent as null, never as a made-up 0."""
+    return None if x is None else float(x)
 
 
 def _scalar(x: Any, what: str) -> float:

@@ -145,24 +145,26 @@ pub(super) fn render(frame: &mut Frame, app: &App, area: Rect) {
             .as_ref()
             .map(|e| format!("{:.4}", e.val_loss))
             .unwrap_or_else(|| "--".into());
-        let loss = [
-            format!(
-                "loss {:.4} · val {val} · grad norm {:.2}",
-                s.loss, s.grad_norm
-            ),
-            format!("loss {:.4} · val {val} · gn {:.2}", s.loss, s.grad_norm),
-            format!("loss {:.4} · val {val}", s.loss),
-        ];
+        let loss = match s.grad_norm {
+            Some(gn) => vec![
+                format!("loss {:.4} · val {val} · grad norm {gn:.2}", s.loss),
+                format!("loss {:.4} · val {val} · gn {gn:.2}", s.loss),
+                format!("loss {:.4} · val {val}", s.loss),
+            ],
+            None => vec![format!("loss {:.4} · val {val}", s.loss)],
+        };
         lines.push((2, Line::from(first_fitting(&loss, cols))));
         lines.push((
             3,
             Line::from(ellipsize(
-                &format!(
-                    "seq {} · lr {:.2e} · step {:.0} ms",
-                    s.seq_len,
-                    s.lr,
-                    s.step_time_s * 1e3
-                ),
+                &match s.lr {
+                    Some(lr) => format!(
+                        "seq {} · lr {lr:.2e} · step {:.0} ms",
+                        s.seq_len,
+                        s.step_time_s * 1e3
+                    ),
+                    None => format!("seq {} · step {:.0} ms", s.seq_len, s.step_time_s * 1e3),
+                },
                 cols,
             )),
         ));
