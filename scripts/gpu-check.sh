@@ -6,7 +6,8 @@
 #   mkdir -p target/gpu && cp target/release/headroom target/gpu/
 #   for b in overhead telemetry; do
 #     cp "$(ls -t target/release/deps/$b-* | grep -v '\.d$' | head -1)" target/gpu/$b; done
-#   (on the GPU machine)  OUT=out bash scripts/gpu-check.sh info|run|oom|ramp|dash|fidelity|overhead|telemetry|nvml ...
+#   HEADROOM_STAGE=$PWD/target/gpu/python ./dev python -c 1   # the Python package, staged
+#   (on the GPU machine)  OUT=out bash scripts/gpu-check.sh info|run|oom|ramp|dash|fidelity|overhead|telemetry|nvml|py-oom|py-dash ...
 #
 # Each section writes its JSONL logs and console output under $OUT.
 set -u
@@ -93,6 +94,34 @@ for what in "$@"; do
       HEADROOM_BIN=$BIN timeout 400 "$ROOT/target/gpu/telemetry" ${TELEMETRY_ARGS:-configs/gpu.toml} 2>&1 |
         tee "$OUT/telemetry.txt"
       ;;
-    *) echo "unknown section $what (info run oom ramp dash fidelity overhead telemetry nvml)"; exit 2 ;;
+    py-oom)
+      # The Python package (issue 13): the nanoGPT example on CUDA in adaptive mode from a
+      # micro-batch that cannot fit under a budget (the caching allocator's per-process
+      # fraction): a real torch.OutOfMemoryError, recovered mid-step.
+      section py-oom
+      PYTHONPATH=$ROOT/target/gpu/python timeout 400 "$PY" examples/python/nanogpt.py --device cuda \
+        --n-layer ${PY_LAYERS:-12} --n-head 12 --n-embd 768 --seq-len 1024 \
+        --effective-batch ${PY_BATCH:-256} --micro-batch ${PY_BATCH:-256} \
+        --memory-budget ${PY_BUDGET:-24GiB} --steps ${PY_STEPS:-20} --log "$OUT/py-oom.jsonl" \
+        > "$OUT/py-oom.out" 2>&1
+      echo "rc=$?"; tail -15 "$OUT/py-oom.out"
+      grep -c '"kind":"oom"' "$OUT/py-oom.jsonl"
+      ;;
+    py-dash)
+      # The same run attached to from a dashboard on a pseudo-terminal: the allocator panel
+      # and segment map come from torch.cuda through the Python package.
+      section py-dash
+      PYTHONPATH=$ROOT/target/gpu/python "$PY" examples/python/nanogpt.py --device cuda \
+        --n-layer ${PY_LAYERS:-12} --n-head 12 --n-embd 768 --seq-len 1024 \
+        --effective-batch ${PY_BATCH:-256} --micro-batch ${PY_BATCH:-256} \
+        --memory-budget ${PY_BUDGET:-24GiB} --steps 400 --log "$OUT/py-dash.jsonl" \
+        > "$OUT/py-dash.out" 2>&1 &
+      train=$!
+      sleep ${PY_DASH_WAIT:-20}
+      "$PY" scripts/pty_capture.py 160 50 ${DASH_SECONDS:-30} "$OUT/py-dash.raw" -- "$BIN" attach
+      echo "rc=$?"
+      kill -TERM $train; wait $train; echo "train rc=$?"; tail -5 "$OUT/py-dash.out"
+      ;;
+    *) echo "unknown section $what (info run oom ramp dash fidelity overhead telemetry nvml py-oom py-dash)"; exit 2 ;;
   esac
 done
