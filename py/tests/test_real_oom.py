@@ -126,6 +126,9 @@ def test_attach_shows_the_python_runs_oom_and_its_keys_reach_the_loop(tmp_path, 
             assert screen.wait_for("attached to"), screen.data[-2000:]
             # The OOM at step 1 came before the viewer: the catch-up brings it to screen.
             assert screen.wait_for("out of memory at micro-batch 256"), screen.data[-3000:]
+            # And the controller's decision it led to.
+            assert screen.wait_for("shrink 256 → "), screen.data[-3000:]
+            assert screen.wait_for("after out of memory"), screen.data[-3000:]
             screen.send(b"p")
             recs = _wait_log(
                 log,
