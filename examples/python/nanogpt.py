@@ -288,6 +288,10 @@ def main() -> int:
         ],
         lr=args.lr,
         betas=(0.9, 0.95),
+        # One kernel, no parameter-sized temporaries once the update begins: an
+        # out-of-memory error can only strike before anything changed, which headroom
+        # undoes, so every step is all-or-nothing (docs/PYTHON.md).
+        fused=True,
     )
     warmup = args.warmup if args.warmup is not None else max(1, min(100, args.steps // 10))
     save = checkpointer(args.checkpoint_dir, model, optimizer) if args.checkpoint_dir else None

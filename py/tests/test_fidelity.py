@@ -157,12 +157,13 @@ def test_an_oom_in_backward_after_partial_accumulation_restarts_the_step_exactly
     assert len(restarts) == 2, restarts
 
 
-def test_an_oom_while_the_optimizer_creates_its_state_is_undone_and_retried(monkeypatch):
+@pytest.mark.parametrize("fused", [False, True], ids=["for-loop", "fused"])
+def test_an_oom_while_the_optimizer_creates_its_state_is_undone_and_retried(monkeypatch, fused):
     torch.manual_seed(3)
     ref = TinyCNN()
     model = copy.deepcopy(ref)
     bs = cnn_batches(3, 12)
-    adamw = lambda ps: torch.optim.AdamW(ps, lr=1e-2)  # noqa: E731
+    adamw = lambda ps: torch.optim.AdamW(ps, lr=1e-2, fused=fused)  # noqa: E731
     ref_losses = full_batch_run(ref, bs, adamw)
     real = torch.zeros_like
     calls = {"n": 0}

@@ -229,6 +229,7 @@ class Run:
         self._signalled: int | None = None
         self._signal_boundaries = 0
         self._stop_checkpointed = False
+        self._optimizer_said = False
         self._saved_handlers: dict = {}
         self._install_signal_handlers()
 
@@ -498,6 +499,11 @@ class Run:
                 "are no gradients of this run to apply"
             )
         step, mb, seq, n, t0, value, predicted = self._accumulated
+        if not self._optimizer_said:
+            self._optimizer_said = True
+            advice = _torch.optimizer_advice(optimizer)
+            if advice:
+                self.notice(advice, level="warn")
         self._optimizer_step(optimizer, step)
         if zero_grad:
             optimizer.zero_grad(set_to_none=True)

@@ -198,6 +198,34 @@ class CudaAllocator:
         return out
 
 
+# torch.optim classes whose update is elementwise per parameter and that offer `fused`:
+# one kernel that updates parameters and state in place with no parameter-sized memory
+# (py/tests/test_optimizer.py measures it), so an OOM can only strike before anything
+# changed, which headroom undoes.
+_FUSABLE = ("Adam", "AdamW", "SGD", "Adagrad")
+
+
+def optimizer_advice(opt: torch.optim.Optimizer) -> str | None:
+    """What to say, once, about whether `opt.step()` can be made all-or-nothing."""
+    name = type(opt).__name__
+    if name in _FUSABLE and type(opt).__module__.startswith("torch.optim"):
+        if all(g.get("fused") for g in opt.param_groups):
+            return None
+        return (
+            f"torch.optim.{name} without fused=True allocates parameter-sized temporaries "
+            "in the middle of its update, so an out-of-memory error there cannot be undone "
+            "(headroom would stop with OptimizerStepFailed rather than train on "
+            f"half-updated parameters); torch.optim.{name}(..., fused=True) allocates none "
+            "once the update begins, and makes every step all-or-nothing"
+        )
+    return (
+        f"{name}.step(): headroom undoes an out-of-memory error that strikes before the "
+        "step changed a parameter or its state, and stops with OptimizerStepFailed on one "
+        "after; a fused torch.optim optimizer (Adam, AdamW, SGD, Adagrad with fused=True) "
+        "is all-or-nothing"
+    )
+
+
 def rank_info() -> dict[str, str] | None:
     """torchrun's environment: the job and this process's rank, when launched by it."""
     keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")
