@@ -1208,19 +1208,26 @@ impl Controller {
         // that little memory, and the margin's decay (the young fit's errors leaving the
         // window) made such a growth, 20 steps after the run had settled near target, a
         // fourth adjustment.
-        let rise = match (
+        // A growth that lands well under target cannot be undone by noise, however little
+        // usage it adds: on a large limit (host memory, a tiny model) every growth is
+        // "within noise" of the limit, and the rule had frozen such runs at micro-batch 1.
+        let (rise, lands_clear) = match (
             self.predicted_usage(cand, seq),
             self.predicted_usage(mb, seq),
         ) {
-            (Some(to), Some(now)) => to - now,
-            _ => f64::INFINITY,
+            (Some(to), Some(now)) => (
+                to - now,
+                to < self.thresholds.target - self.margin() - 2.0 * MIN_MARGIN,
+            ),
+            _ => (f64::INFINITY, false),
         };
         // Only at a length measured: beyond it the cost is a bound (all attention), whose
         // small steps are how a ramp learns the curve.
         let worth = cand >= mb + gain
             && (self.model.distinct_sizes() < 3
                 || seq > self.max_seq_seen
-                || rise >= 2.0 * MIN_MARGIN);
+                || rise >= 2.0 * MIN_MARGIN
+                || lands_clear);
         if worth || (learning && cand > mb) {
             // Unfitted, any gain is worth it: a second size is what separates the fixed
             // part from the per-token cost.
@@ -1536,6 +1543,43 @@ mod tests {
                 "seq {seq}: {mb} not within 10% of {best}"
             );
         }
+    }
+
+    /// A tiny batch on a huge limit (a small model on host memory): every growth adds
+    /// less usage than readings scatter by, yet lands far under target; the controller
+    /// must still grow back between OOMs (injected faults, as trainer/tests/control.rs).
+    #[test]
+    fn growth_far_under_target_is_never_held_as_within_noise() {
+        let seq = 64;
+        let mut sim = Sim {
+            fixed: 200 * MIB,
+            per_token: 64,
+            noise: 0.0,
+            rng: 1,
+        };
+        let config = ControllerConfig {
+            max_micro_batch: 8,
+            ..cfg(seq)
+        };
+        let mut c = Controller::new(config, Thresholds::default(), 24 * 1024 * MIB, 4);
+        for step in 1..=12u64 {
+            if [2, 5, 9].contains(&step) {
+                let mb = c.micro_batch();
+                let retry = c.on_oom(mb, seq).retry_with.expect("retried");
+                assert!(retry < mb, "step {step}: retried with {retry} after {mb}");
+            }
+            c.before_step(seq);
+            let mb = c.micro_batch();
+            c.observe(StepObservation {
+                step,
+                micro_batch: mb,
+                seq_len: seq,
+                peak_bytes: sim.peak(mb, seq),
+            });
+        }
+        // Each OOM's retry was smaller than the size it struck at: between them the
+        // controller grew back under the ceiling it learned, though every growth was
+        // "within noise" of a 24 GiB limit.
     }
 
     #[test]
