@@ -1,0 +1,41 @@
+"""The benchmarks' model and data: a byte-level GPT shaped like headroom's default
+config (configs/default.toml: 4 layers, 4 heads, n_embd 128, seq_len 64, vocab 256, head
+tied to the token embedding; no dropout, as the Rust trainer's model has none): the
+example's model (examples/python/nanogpt.py), and seeded random token batches."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+# The model is the example's own (examples/python/nanogpt.py), so what is measured is what
+# a user runs.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "python"))
+from nanogpt import GPT, VOCAB  # noqa: E402
+
+
+def make_model(
+    seed: int, seq_len: int = 64, n_layer: int = 4, n_head: int = 4, n_embd: int = 128
+) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(seq_len, n_layer, n_head, n_embd, dropout=0.0)
+
+
+def make_optimizer(model: nn.Module, lr: float = 3e-3) -> torch.optim.AdamW:
+    # The default config's AdamW (no schedule, no clipping: the same in every mode).
+    return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.1)
+
+
+def token_batches(
+    steps: int, n: int, seq_len: int = 64, seed: int = 0
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`steps` batches of `n` random byte sequences: (inputs, inputs shifted by one)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        w = torch.randint(0, VOCAB, (n, seq_len + 1), generator=g)
+        out.append((w[:, :-1].contiguous(), w[:, 1:].contiguous()))
+    return out
