@@ -138,3 +138,23 @@ def test_a_dashboard_that_dies_does_not_stop_training(runtime_dir, tmp_path):
     stuck.close()
     assert run.step_count == 35
     assert kinds(log, "finished")[0]["steps_done"] == 35
+
+
+def test_an_error_mid_step_leaves_no_gradient_behind():
+    model, opt, run = adaptive(micro_batch=2)
+    b = cnn_batches(1, 8)[0]
+    calls = {"n": 0}
+
+    def flaky(mb):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise ValueError("a bad sample")
+        return model.loss(mb)
+
+    with pytest.raises(ValueError, match="a bad sample"):
+        run.backward(b, flaky)
+    assert calls["n"] == 3, "two micro-batches had completed"
+    assert all(p.grad is None for p in model.parameters()), "half a step's gradients kept"
+    run.backward(b, model.loss)
+    run.step(opt)
+    run.finish()

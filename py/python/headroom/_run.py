@@ -425,53 +425,60 @@ class Run:
         start = 0
         self._meter.reset()
         predicted = self._native.predicted_bytes(mb, seq)
-        while start < n:
-            end = min(n, start + mb)
-            failed = None
-            in_backward = False
-            versions = self._grad_versions()
-            try:
-                loss = loss_fn(cut(batch, start, end))
-                _check_loss(loss, step, start, end)
-                weight = (end - start) / n if reduction == "mean" else 1.0
-                in_backward = True
-                (loss * weight).backward()
-                total += loss.detach() * weight
-            except Exception as e:
-                if not _torch.is_oom(e, capped=self._hard_limit):
-                    raise
-                failed = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            loss = None
-            if failed is None:
-                start = end
-                continue
-            # Out of memory: the attempt's tensors went with its frames.
-            restart = in_backward and self._grads_changed(versions)
-            retry, _ = self._native.oom(step, mb, seq, failed)
-            _torch.free_memory(self.device)
-            if retry is None:
-                self._clear_grads()
-                raise OutOfMemory(
-                    f"step {step} ran out of memory at micro-batch {mb} ({seq} tokens per "
-                    f"sample) repeatedly: {failed}. Give the run more memory or make a "
-                    "sample smaller"
-                )
-            if restart:
-                # The backward had already added part of this micro-batch's gradients:
-                # they cannot be told apart from the completed ones', so the step's
-                # samples start over (exact, at the cost of recomputing them).
-                self.notice(
-                    f"step {step}: the out-of-memory error struck after gradients were "
-                    "partly accumulated; the step's samples start over at micro-batch "
-                    f"{retry}",
-                    level="warn",
-                )
-                self._clear_grads()
-                total = torch.zeros((), device=self.device)
-                start = 0
-            mb = retry
-            self._meter.reset()
-            predicted = self._native.predicted_bytes(mb, seq)
+        try:
+            while start < n:
+                end = min(n, start + mb)
+                failed = None
+                in_backward = False
+                versions = self._grad_versions()
+                try:
+                    loss = loss_fn(cut(batch, start, end))
+                    _check_loss(loss, step, start, end)
+                    weight = (end - start) / n if reduction == "mean" else 1.0
+                    in_backward = True
+                    (loss * weight).backward()
+                    total += loss.detach() * weight
+                except Exception as e:
+                    if not _torch.is_oom(e, capped=self._hard_limit):
+                        raise
+                    failed = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                loss = None
+                if failed is None:
+                    start = end
+                    continue
+                # Out of memory: the attempt's tensors went with its frames.
+                restart = in_backward and self._grads_changed(versions)
+                retry, _ = self._native.oom(step, mb, seq, failed)
+                _torch.free_memory(self.device)
+                if retry is None:
+                    self._clear_grads()
+                    raise OutOfMemory(
+                        f"step {step} ran out of memory at micro-batch {mb} ({seq} tokens per "
+                        f"sample) repeatedly: {failed}. Give the run more memory or make a "
+                        "sample smaller"
+                    )
+                if restart:
+                    # The backward had already added part of this micro-batch's gradients:
+                    # they cannot be told apart from the completed ones', so the step's
+                    # samples start over (exact, at the cost of recomputing them).
+                    self.notice(
+                        f"step {step}: the out-of-memory error struck after gradients were "
+                        "partly accumulated; the step's samples start over at micro-batch "
+                        f"{retry}",
+                        level="warn",
+                    )
+                    self._clear_grads()
+                    total = torch.zeros((), device=self.device)
+                    start = 0
+                mb = retry
+                self._meter.reset()
+                predicted = self._native.predicted_bytes(mb, seq)
+        except BaseException:
+            # Whatever ends the step early (a bad loss, an error in loss_fn, Ctrl-C)
+            # leaves no gradient of it behind: a retried step starts clean.
+            self._clear_grads()
+            raise
+
         value = float(total)
         if not math.isfinite(value):
             self._clear_grads()
