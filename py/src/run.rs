@@ -736,23 +736,25 @@ impl NativeRun {
     /// Takes the commands that came in. Rust carries out what it can (pause, thresholds,
     /// pin, stop) and hands back `(id, kind)` for what Python must do (`checkpoint`,
     /// `free_cache`), to be confirmed with [`NativeRun::confirm`]. While paused, it waits
-    /// (the GIL released, Ctrl-C still heard) until resumed, stopped, or Python has
-    /// something to do.
+    /// up to 100 ms for a command (the GIL released) and runs Python's signal handlers
+    /// before it returns: the caller polls again while `paused`, and a handler that needs
+    /// this run (a SIGTERM's stop) acts between calls, not inside this one's borrow.
     fn poll(&mut self, py: Python<'_>) -> PyResult<Vec<(u64, String)>> {
         let mut out = Vec::new();
+        let mut waited = false;
         loop {
             let cmd = match self.commands.try_recv() {
                 Ok(c) => c,
                 Err(TryRecvError::Disconnected) => break,
-                Err(TryRecvError::Empty) if !self.paused || !out.is_empty() => break,
+                Err(TryRecvError::Empty) if !self.paused || !out.is_empty() || waited => break,
                 Err(TryRecvError::Empty) => {
+                    waited = true;
                     let rx = self.commands.clone();
-                    match py.detach(move || rx.recv_timeout(Duration::from_millis(100))) {
+                    let got = py.detach(move || rx.recv_timeout(Duration::from_millis(100)));
+                    py.check_signals()?;
+                    match got {
                         Ok(c) => c,
-                        Err(RecvTimeoutError::Timeout) => {
-                            py.check_signals()?;
-                            continue;
-                        }
+                        Err(RecvTimeoutError::Timeout) => continue,
                         Err(RecvTimeoutError::Disconnected) => break,
                     }
                 }

@@ -72,3 +72,22 @@ def test_a_second_signal_ends_a_stuck_loop_at_once_and_records_it(tmp_path, runt
     assert recs[-1]["kind"] == "failed", recs[-3:]
     assert "second SIGHUP" in recs[-1]["reason"]
     assert list(runtime_dir.iterdir()) == []
+
+
+def test_sigterm_while_paused_from_the_dashboard_stops_cleanly(tmp_path, runtime_dir):
+    from conftest import Viewer
+
+    p, log, ck = start(tmp_path, "check")
+    sock = next(runtime_dir.glob("*.sock"))
+    v = Viewer(str(sock))
+    v.command("pause")
+    v.until(lambda r: r["kind"] == "status" and r["status"] == "paused")
+    time.sleep(0.3)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    v.close()
+    assert p.returncode == 0, err
+    assert "finished cleanly" in out
+    recs = records(log)
+    assert recs[-1]["kind"] == "finished" and recs[-1]["stopped_by_user"], recs[-3:]
+    assert any(r["kind"] == "checkpoint_saved" for r in recs)

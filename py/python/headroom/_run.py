@@ -231,6 +231,8 @@ class Run:
         self._stop_checkpointed = False
         self._optimizer_said = False
         self._saved_handlers: dict = {}
+        self._in_poll = False
+        self._pending_signals: list[int] = []
         self._install_signal_handlers()
 
     # ---- signals -------------------------------------------------------------------------
@@ -254,6 +256,13 @@ class Run:
         self._saved_handlers = {}
 
     def _on_signal(self, signum, frame) -> None:
+        if self._in_poll:
+            # Inside the extension's poll (paused): acted on as soon as it returns.
+            self._pending_signals.append(signum)
+            return
+        self._handle_signal(signum)
+
+    def _handle_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name
         if self._signalled is not None or self._native.ended:
             # Asked twice (or the loop is stuck between steps): end now, the run's end
@@ -637,7 +646,14 @@ class Run:
     def _boundary(self) -> None:
         self._boundary_t = time.perf_counter()
         while True:
-            for cid, kind in self._native.poll():
+            self._in_poll = True
+            try:
+                actions = self._native.poll()
+            finally:
+                self._in_poll = False
+            while self._pending_signals:
+                self._handle_signal(self._pending_signals.pop(0))
+            for cid, kind in actions:
                 self._native.confirm(cid, self._carry_out(kind))
             if not self._native.paused:
                 break
