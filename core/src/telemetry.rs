@@ -344,6 +344,17 @@ pub struct MemorySummary {
     pub ooms: u64,
 }
 
+impl MemorySummary {
+    /// Keeps a step's peak when it is the run's highest share of its limit so far.
+    pub fn note_peak(&mut self, peak: u64, limit: u64, usage: f64) {
+        if self.peak_usage.is_none_or(|u| usage > u) {
+            self.peak_usage = Some(usage);
+            self.peak_bytes = Some(peak);
+            self.limit_bytes = Some(limit);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,7 +14,7 @@ from torch import nn
 # The model is the example's own (examples/python/nanogpt.py), so what is measured is what
 # a user runs.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "python"))
-from nanogpt import GPT, VOCAB  # noqa: E402
+from nanogpt import GPT, VOCAB, evaluate  # noqa: E402, F401
 
 
 def make_model(

@@ -63,7 +63,7 @@ import traceback
 from pathlib import Path
 
 import torch
-from _gpt import make_model, make_optimizer
+from _gpt import evaluate, make_model, make_optimizer
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "assets" / "tinyshakespeare.txt"
@@ -133,17 +133,6 @@ def corpus_batches(steps: int, n: int, seq_len: int, seed: int):
     return train, warm, val
 
 
-@torch.no_grad()
-def val_loss(model, val, chunk: int = 16) -> float:
-    model.eval()
-    x, y = val
-    total = 0.0
-    for i in range(0, len(x), chunk):
-        total += float(model.loss((x[i : i + chunk], y[i : i + chunk]))) * len(x[i : i + chunk])
-    model.train()
-    return total / len(x)
-
-
 # ---- the workers -------------------------------------------------------------------------
 
 
@@ -198,7 +187,7 @@ class Bench:
         r = self.res
         r["wall_s"] = time.perf_counter() - self.t0
         r["t0"] = self.t0
-        r["val_loss"] = val_loss(self.model, self.val)
+        r["val_loss"] = evaluate(self.model, self.val, 16)
         return r
 
 

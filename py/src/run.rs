@@ -610,12 +610,7 @@ impl NativeRun {
             })
             .max(1);
         let usage = peak_bytes as f64 / limit as f64;
-        let m = &mut self.memory;
-        if m.peak_usage.is_none_or(|u| usage > u) {
-            m.peak_usage = Some(usage);
-            m.peak_bytes = Some(peak_bytes);
-            m.limit_bytes = Some(limit);
-        }
+        self.memory.note_peak(peak_bytes, limit, usage);
         self.send(Telemetry::StepMemory(StepMemory {
             step,
             micro_batch,

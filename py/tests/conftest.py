@@ -160,16 +160,19 @@ def cnn_batches(steps: int, n: int, seed: int = 0):
     return out
 
 
-def run_python(script: str, *args: str, env: dict | None = None, timeout: float = 300):
-    """Runs a Python script in a fresh interpreter (a hard cap is process-wide)."""
-    e = dict(os.environ)
-    e.update(env or {})
-    return subprocess.run(
-        [sys.executable, script, *args],
-        capture_output=True,
+def spawn(argv: list[str]) -> subprocess.Popen:
+    """Starts `python ARGV…` in its own process (a hard cap, signals and torchrun are
+    process-wide), with this directory importable (the scripts use conftest's models)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parent), env.get("PYTHONPATH", "")]
+    )
+    return subprocess.Popen(
+        [sys.executable, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        env=e,
-        timeout=timeout,
+        env=env,
     )
 
 

@@ -13,27 +13,18 @@ import select
 import signal
 import struct
 import subprocess
-import sys
 import termios
 import time
 from pathlib import Path
 
-from conftest import headroom_bin, records
+from conftest import headroom_bin, records, spawn
 
 HERE = Path(__file__).resolve().parent
 TARGET = 0.9
 
 
 def start_capped(log: Path, *args: str) -> subprocess.Popen:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
-    return subprocess.Popen(
-        [sys.executable, str(HERE / "capped_run.py"), "--log", str(log), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    return spawn([str(HERE / "capped_run.py"), "--log", str(log), *args])
 
 
 def test_a_run_capped_below_its_start_recovers_settles_and_completes(tmp_path):

@@ -3,16 +3,14 @@ a checkpoint is taken at the step's end, and the log and socket are closed prope
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import records
+from conftest import records, spawn
 
 HERE = Path(__file__).resolve().parent
 
@@ -21,11 +19,8 @@ def start(tmp_path: Path, mode: str) -> tuple[subprocess.Popen, Path, Path]:
     log = tmp_path / "run.jsonl"
     ck = tmp_path / "ck"
     ck.mkdir()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
-    p = subprocess.Popen(
+    p = spawn(
         [
-            sys.executable,
             str(HERE / "signalled_run.py"),
             "--mode",
             mode,
@@ -33,11 +28,7 @@ def start(tmp_path: Path, mode: str) -> tuple[subprocess.Popen, Path, Path]:
             str(log),
             "--checkpoints",
             str(ck),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
+        ]
     )
     assert p.stdout.readline().strip() == "ready"
     time.sleep(0.5)

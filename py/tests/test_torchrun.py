@@ -3,24 +3,19 @@ lists a job's ranks together; adaptive mode under a process group refuses, never
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from conftest import headroom_bin
+from conftest import headroom_bin, spawn
 
 HERE = Path(__file__).resolve().parent
 
 
 def test_each_rank_serves_and_ls_groups_the_job(tmp_path, runtime_dir):
     release = tmp_path / "release"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
-    job = subprocess.Popen(
+    job = spawn(
         [
-            sys.executable,
             "-m",
             "torch.distributed.run",
             "--standalone",
@@ -31,11 +26,7 @@ def test_each_rank_serves_and_ls_groups_the_job(tmp_path, runtime_dir):
             str(HERE / "ddp_ranks.py"),
             "--release",
             str(release),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
+        ]
     )
     try:
         deadline = time.monotonic() + 120

@@ -986,12 +986,7 @@ impl Trainer {
         let limit = self.meter.current_limit();
         self.controller.set_limit(limit);
         let usage = peak as f64 / limit as f64;
-        let m = &mut self.memory;
-        if m.peak_usage.is_none_or(|u| usage > u) {
-            m.peak_usage = Some(usage);
-            m.peak_bytes = Some(peak);
-            m.limit_bytes = Some(limit);
-        }
+        self.memory.note_peak(peak, limit, usage);
         bus.send(Telemetry::StepMemory(StepMemory {
             step: plan.step,
             micro_batch: plan.micro_batch,

@@ -96,144 +96,104 @@ class Run:
                 )
             _current = self
         try:
-            self._setup(
+            for what, v in (
+                ("total_steps", total_steps),
+                ("min_micro_batch", min_micro_batch),
+            ):
+                if not isinstance(v, int) or v < 0:
+                    raise ValueError(f"{what}={v!r}: give a whole number ≥ 0")
+            if effective_batch is not None and (
+                not isinstance(effective_batch, int) or effective_batch < 1
+            ):
+                raise ValueError(f"effective_batch={effective_batch!r}: give a whole number ≥ 1")
+            if micro_batch is not None and (not isinstance(micro_batch, int) or micro_batch < 1):
+                raise ValueError(f"micro_batch={micro_batch!r}: give a whole number ≥ 1")
+            if effective_batch is not None and model is None:
+                raise RunError(
+                    "an adaptive run (effective_batch=…) needs model=: headroom keeps or clears "
+                    "its parameters' gradients across an out-of-memory error"
+                )
+            self.device = _torch.resolve_device(device, model)
+            cuda = self.device.type == "cuda"
+            ranks = _torch.rank_info()
+            name = name or _default_name()
+            job = None
+            if ranks is not None:
+                job_id = ranks["TORCHELASTIC_RUN_ID"] or "job"
+                name = f"{name}.{job_id}.rank{ranks['RANK']}"
+                job = (
+                    job_id,
+                    int(ranks["RANK"]),
+                    int(ranks["LOCAL_RANK"] or ranks["RANK"]),
+                    int(ranks["WORLD_SIZE"]),
+                )
+            budget = None
+            if memory_budget is not None and memory_budget != "":
+                budget = str(memory_budget) if isinstance(memory_budget, int) else memory_budget
+                if cuda and budget.strip().lower() != "auto":
+                    _torch.cap_cuda(self.device, _native.parse_bytes(budget))
+            self._model = model
+            self._params = [p for p in model.parameters() if p.requires_grad] if model else []
+            self._hard_limit = bool(hard_limit)
+            self._on_checkpoint = on_checkpoint
+            self._adaptive = effective_batch is not None
+            self._effective = effective_batch or 0
+            self._native = _native.NativeRun(
                 name,
-                model,
-                device,
-                total_steps,
-                effective_batch,
-                micro_batch,
-                min_micro_batch,
-                max_micro_batch,
-                max_seq_len,
-                adaptive,
-                memory_budget,
-                hard_limit,
-                thresholds,
-                profile,
-                log,
-                listen,
-                on_checkpoint,
-                sample_hz,
+                producer=(
+                    f"headroom.py (python {sys.version.split()[0]}, torch {torch.__version__})"
+                ),
+                device=str(self.device),
+                device_name=_torch.device_name(self.device),
+                parameters=sum(p.numel() for p in model.parameters()) if model else 0,
+                total_steps=total_steps,
+                effective_batch=self._effective,
+                micro_batch=micro_batch or self._effective or 1,
+                log=None if log is None else os.fspath(log),
+                listen=None if listen is None else str(listen),
+                sample_hz=float(sample_hz),
+                cuda_index=self.device.index if cuda else None,
+                device_total=_torch.device_total(self.device),
+                allocator=_torch.CudaAllocator(self.device) if cuda else None,
+                memory_budget="" if budget is None else budget,
+                hard_limit=self._hard_limit,
+                thresholds=thresholds,
+                profile=profile,
+                adaptive=bool(adaptive) and self._adaptive,
+                job=job,
             )
+            self._meter = _torch.PeakMeter(self.device)
+            if not self._meter.exact:
+                self.notice(
+                    "the kernel refused to reset the peak RSS (/proc/self/clear_refs); step "
+                    "peaks are the process's peak so far and over-state later steps",
+                    level="warn",
+                )
+            if self._adaptive:
+                self._native.adapt(
+                    micro_batch or self._effective,
+                    min_micro_batch or 1,
+                    max_micro_batch or 0,
+                    max_seq_len or 0,
+                    baseline=self._meter.held(),
+                    adaptive=bool(adaptive),
+                )
+            self._step = 0
+            self._accumulated: tuple | None = None
+            self._boundary_t = time.perf_counter()
+            self._signalled: int | None = None
+            self._signal_boundaries = 0
+            self._stop_checkpointed = False
+            self._optimizer_said = False
+            self._saved_handlers: dict = {}
+            self._in_poll = False
+            self._pending_signals: list[int] = []
+            self._install_signal_handlers()
         except BaseException:
             with _current_lock:
                 _current = None
             raise
         atexit.register(self._at_exit)
-
-    def _setup(
-        self,
-        name,
-        model,
-        device,
-        total_steps,
-        effective_batch,
-        micro_batch,
-        min_micro_batch,
-        max_micro_batch,
-        max_seq_len,
-        adaptive,
-        memory_budget,
-        hard_limit,
-        thresholds,
-        profile,
-        log,
-        listen,
-        on_checkpoint,
-        sample_hz,
-    ):
-        for what, v in (
-            ("total_steps", total_steps),
-            ("min_micro_batch", min_micro_batch),
-        ):
-            if not isinstance(v, int) or v < 0:
-                raise ValueError(f"{what}={v!r}: give a whole number ≥ 0")
-        if effective_batch is not None and (
-            not isinstance(effective_batch, int) or effective_batch < 1
-        ):
-            raise ValueError(f"effective_batch={effective_batch!r}: give a whole number ≥ 1")
-        if micro_batch is not None and (not isinstance(micro_batch, int) or micro_batch < 1):
-            raise ValueError(f"micro_batch={micro_batch!r}: give a whole number ≥ 1")
-        if effective_batch is not None and model is None:
-            raise RunError(
-                "an adaptive run (effective_batch=…) needs model=: headroom keeps or clears "
-                "its parameters' gradients across an out-of-memory error"
-            )
-        self.device = _torch.resolve_device(device, model)
-        cuda = self.device.type == "cuda"
-        ranks = _torch.rank_info()
-        name = name or _default_name()
-        job = None
-        if ranks is not None:
-            job_id = ranks["TORCHELASTIC_RUN_ID"] or "job"
-            name = f"{name}.{job_id}.rank{ranks['RANK']}"
-            job = (
-                job_id,
-                int(ranks["RANK"]),
-                int(ranks["LOCAL_RANK"] or ranks["RANK"]),
-                int(ranks["WORLD_SIZE"]),
-            )
-        budget = None
-        if memory_budget is not None and memory_budget != "":
-            budget = str(memory_budget) if isinstance(memory_budget, int) else memory_budget
-            if cuda and budget.strip().lower() != "auto":
-                _torch.cap_cuda(self.device, _native.parse_bytes(budget))
-        self._model = model
-        self._params = [p for p in model.parameters() if p.requires_grad] if model else []
-        self._hard_limit = bool(hard_limit)
-        self._on_checkpoint = on_checkpoint
-        self._adaptive = effective_batch is not None
-        self._effective = effective_batch or 0
-        self._native = _native.NativeRun(
-            name,
-            producer=f"headroom.py (python {sys.version.split()[0]}, torch {torch.__version__})",
-            device=str(self.device),
-            device_name=_torch.device_name(self.device),
-            parameters=sum(p.numel() for p in model.parameters()) if model else 0,
-            total_steps=total_steps,
-            effective_batch=self._effective,
-            micro_batch=micro_batch or self._effective or 1,
-            log=None if log is None else os.fspath(log),
-            listen=None if listen is None else str(listen),
-            sample_hz=float(sample_hz),
-            cuda_index=self.device.index if cuda else None,
-            device_total=_torch.device_total(self.device),
-            allocator=_torch.CudaAllocator(self.device) if cuda else None,
-            memory_budget="" if budget is None else budget,
-            hard_limit=self._hard_limit,
-            thresholds=thresholds,
-            profile=profile,
-            adaptive=bool(adaptive) and self._adaptive,
-            job=job,
-        )
-        self._meter = _torch.PeakMeter(self.device)
-        if not self._meter.exact:
-            self.notice(
-                "the kernel refused to reset the peak RSS (/proc/self/clear_refs); step "
-                "peaks are the process's peak so far and over-state later steps",
-                level="warn",
-            )
-        if self._adaptive:
-            self._native.adapt(
-                micro_batch or self._effective,
-                min_micro_batch or 1,
-                max_micro_batch or 0,
-                max_seq_len or 0,
-                baseline=self._meter.held(),
-                adaptive=bool(adaptive),
-            )
-        self._step = 0
-        self._accumulated: tuple | None = None
-        self._boundary_t = time.perf_counter()
-        self._signalled: int | None = None
-        self._signal_boundaries = 0
-        self._stop_checkpointed = False
-        self._optimizer_said = False
-        self._saved_handlers: dict = {}
-        self._in_poll = False
-        self._pending_signals: list[int] = []
-        self._install_signal_handlers()
 
     # ---- signals -------------------------------------------------------------------------
 
