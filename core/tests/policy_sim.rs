@@ -435,9 +435,9 @@ fn run<P: Policy>(c: &Curve) -> Outcome {
             let own = (c.own(mb, seq) - if first_done { 0.0 } else { c.opt }) * jitter;
             let total = own + c.outside_at(step);
             // A step no micro-batch could have kept under critical (memory taken from
-            // outside left no room even for one sequence) is the curve's, not the
-            // controller's.
-            let avoidable = c.own(1, seq) + c.outside_at(step) < 0.95 * limit;
+            // outside left no room even for one sequence, or the step already ran one
+            // sequence and read critical on its noise) is the curve's, not the controller's.
+            let avoidable = c.own(1, seq) + c.outside_at(step) < 0.95 * limit && mb > 1;
             if total >= 0.95 * limit && avoidable {
                 criticals += 1;
             }
