@@ -61,9 +61,11 @@
 //! is expensive) and, until usage falls under target, neither shrinks for usage (emergency
 //! included: it only frees the cache) nor learns ceilings from it. An OOM is still
 //! recovered. A shrink is not judged when its outcome cannot tell: one made on the first
-//! step (which lacks the optimizer state), or one by less than half planned on one size
-//! (which assumed the least fixed part there could be); and with one size, a fall larger
-//! than the noise is the batch's memory following it.
+//! step (which lacks the optimizer state), or one by less than 40% planned on one size
+//! (which assumed the least fixed part there could be); with one size and no baseline, a
+//! fall larger than the noise is the batch's memory following it. Until a shrink made on
+//! a reading is judged by the next, the forecast does not shrink again at that length on
+//! the same evidence.
 //!
 //! Every size is planned under target minus a margin: the largest error the fitted model
 //! made over its last [`ERROR_WINDOW`] predictions (at least 1%, 2% while the fit rests on
@@ -767,13 +769,24 @@ impl Controller {
         let from = self.micro_batch;
         let to = to.clamp(self.half_of(from), from.saturating_sub(1).max(1));
         let d = self.resize(to, reason, usage)?;
-        self.pending_shrink = Some(PendingShrink {
+        let shrink = PendingShrink {
             from,
             before: usage,
             seq_len,
             guessed: !self.model.is_fitted(),
             first: self.on_first,
-        });
+        };
+        // A forecast's shrink right after one made on a reading, before any step ran: the
+        // reading is what the next step is judged against (a forecast is the model's, and
+        // judged against one a reading of 95% after 10 → 5 → 3 "stayed" at 94%).
+        self.pending_shrink = match self.pending_shrink {
+            Some(p) if p.seq_len == seq_len => Some(PendingShrink {
+                from: p.from,
+                before: p.before,
+                ..shrink
+            }),
+            _ => Some(shrink),
+        };
         Some(d)
     }
 
@@ -805,9 +818,14 @@ impl Controller {
         let Some(pred) = self.forecast_usage(self.micro_batch, seq_len) else {
             return out;
         };
+        // A shrink made on the latest reading is judged by the next one: shrinking again
+        // before it, on the model fitted through that same reading, doubles the step down
+        // on one number (a held high-water mark took 50 → 25 → 13 of a feasible 100).
+        let judging = self.pending_shrink.is_some_and(|p| seq_len <= p.seq_len);
         let may_resize = !self.pinned
             && self.cfg.adaptive
             && !self.unresponsive
+            && !judging
             && (!self.probing || (pred >= self.thresholds.critical && !self.risk_probe));
         if pred > self.thresholds.warning {
             out.push(Decision::Warning {
@@ -910,8 +928,10 @@ impl Controller {
         if usage < t.target {
             self.unresponsive = false;
         }
+        let mut after_first_shrink = false;
         if current {
             if let Some(p) = self.pending_shrink.take() {
+                after_first_shrink = p.first;
                 // A shorter length only lowers usage further, so it judges the shrink too
                 // (with random lengths the same length rarely comes next); so does a longer
                 // one whose batch is still smaller, a sequence costing at most
@@ -1022,7 +1042,14 @@ impl Controller {
         if usage >= 1.0 && may_resize && current {
             // Past the limit (a soft budget): what a hard one would have failed with an
             // OOM, and memory that followed the batch so far.
-            let to = self.after_oom(obs.micro_batch, obs.seq_len, first);
+            let mut to = self.after_oom(obs.micro_batch, obs.seq_len, first);
+            if after_first_shrink {
+                // Right after a shrink made on the first step, which could not be judged:
+                // a reading still past the limit may be memory held at that step's mark
+                // (it read 285% at 400, then 270% at 50, and the one-size fit took the run
+                // to 13 of a feasible 100). Half, and the next reading judges it.
+                to = to.max(self.half_of(obs.micro_batch));
+            }
             let from = self.micro_batch;
             out.extend(self.resize(to, ResizeReason::Emergency, usage));
             self.pending_shrink = (self.micro_batch < from).then_some(PendingShrink {
@@ -1347,10 +1374,25 @@ impl Controller {
     ) -> Vec<Decision> {
         let from = p.from;
         let before = p.before;
+        // The fit's own slope, not the steepest within the noise that growth follows: that
+        // one bounds the cost from above, and the least drop that following memory shows
+        // is what a shrink is judged by. A fit that fell back to proportional (its slope
+        // noise) says no more than one size does.
+        let fitted = self
+            .model
+            .coefficients()
+            .is_some_and(|(fixed, _)| self.model.is_fitted() && fixed > 0.0);
+        let lengths_vary = self.model.points().any(|p| p.2 != obs.seq_len);
+        let predicted = |c: &Controller, mb: usize| match c.model.coefficients() {
+            Some((fixed, slope)) if !lengths_vary => {
+                Some((fixed + slope * (mb * obs.seq_len) as f64).max(0.0) as u64)
+            }
+            _ => c.predicted_bytes(mb, obs.seq_len),
+        };
         let expected = match (
-            self.model.is_fitted(),
-            self.predicted_bytes(from, obs.seq_len),
-            self.predicted_bytes(obs.micro_batch, obs.seq_len),
+            fitted,
+            predicted(self, from),
+            predicted(self, obs.micro_batch),
         ) {
             (true, Some(a), Some(b)) => a.saturating_sub(b) as f64 / self.limit_bytes as f64,
             // One size measured: only the part above the fixed part follows the batch. Taking
@@ -1362,19 +1404,22 @@ impl Controller {
                 (before - fixed).max(0.0) * (1.0 - shrunk_batch_share(p, obs))
             }
         };
-        // A fall larger than readings scatter by (both ends of the noise) is the batch's
-        // memory going, whatever the model expected of it: without a baseline the fixed part
-        // is unknown, and held memory (a cache, kept heap pages) reads the same again.
+        // Without a baseline the fixed part is unknown: a fall larger than readings scatter
+        // by (both ends of the noise) is the batch's memory going, whatever the guess
+        // expected (a fixed part of 0.83 held a run at critical for 195 steps).
         let moved = before - usage > 2.0 * ONE_SIZE_NOISE * before;
-        let followed = before - usage >= expected / 4.0 || (moved && !self.model.is_fitted());
-        // Planned on one size, a shrink by less than half assumed the least fixed part
+        let followed =
+            before - usage >= expected / 4.0 || (moved && !fitted && self.baseline.is_none());
+        // Planned on one size, a shrink by less than 40% assumed the least fixed part
         // there could be: with a large one its effect is within the noise, and judging it
         // held a run at 95% for 148 steps (656 → 604 read 95.6% then 95.2%). The readings
         // at both sizes now fit the fixed part; the next shrink, planned on them, is judged.
         // Nor does a shrink made on the run's first step, which peaks low (optimizer state
         // appears during it): the state arriving reads as memory that did not follow the
-        // batch, and a run halved from 99% to a size reading 96% held there for 111 steps.
-        let unjudged = (p.guessed && shrunk_batch_share(p, obs) > 0.5) || p.first;
+        // batch, and runs halved from 99% to a size reading 95–96% held there for 94 and
+        // 111 steps. The next shrink is judged (and is at most a half, see `observe`).
+        let small = obs.micro_batch as f64 > 0.6 * p.from as f64;
+        let unjudged = (p.guessed && small) || p.first;
         if expected < MIN_EXPECTED_DROP || followed || unjudged {
             return Vec::new();
         }
@@ -2395,6 +2440,35 @@ mod tests {
             );
             assert!(c.micro_batch() as f64 <= feasible, "{r:?}");
         }
+    }
+
+    /// Seen in the simulator: a soft start far too large read 285% on its first step and
+    /// every step after it read the same high-water mark (270%: freed heap pages kept
+    /// mapped). The first step's shrink cannot be judged (that step lacks the optimizer
+    /// state), so the next reading shrinks once more, by half at most, and the forecast
+    /// must not halve again on that same reading before a step has judged it: it took
+    /// 50 → 25 → 13, a seventh of what fits.
+    #[test]
+    fn a_mark_held_from_the_first_step_is_not_halved_on_twice() {
+        let seq = 128;
+        let mut c = Controller::new(cfg(seq), Thresholds::default(), LIMIT, 400);
+        c.set_baseline((0.2 * LIMIT as f64) as u64);
+        let mut n = 0;
+        let (ds, _) = drive_with(
+            &mut c,
+            1..=30,
+            |_| seq,
+            |_, _| {
+                n += 1;
+                let usage = if n == 1 { 2.8528 } else { 2.7021 };
+                (usage * LIMIT as f64) as u64
+            },
+        );
+        let r = resizes_of(&ds);
+        assert!(r.len() <= 2, "{r:?}");
+        assert!(r.iter().all(|x| x.2 * 2 >= x.1 || x.0 == 1), "{r:?}");
+        assert!(c.micro_batch() >= 25, "{r:?}");
+        assert!(c.is_unresponsive());
     }
 
     /// Seen in the simulator (a soft budget, random lengths, freed heap pages kept mapped):
