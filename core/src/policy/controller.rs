@@ -956,8 +956,17 @@ impl Controller {
                 if self.errors.len() == ERROR_WINDOW {
                     self.errors.pop_front();
                 }
-                self.errors
-                    .push_back(p.abs_diff(obs.peak_bytes) as f64 / self.limit_bytes as f64);
+                let err = (obs.peak_bytes as f64 - p as f64) / self.limit_bytes as f64;
+                // The steep line a growth from close sizes follows is a bound from above:
+                // a reading under it is what it is for, not an error. Counted, it kept 3%
+                // free after the growth it planned landed low, and a run that fits 148
+                // held at 122.
+                let err = if self.noise_bound() {
+                    err.max(0.0)
+                } else {
+                    err.abs()
+                };
+                self.errors.push_back(err);
             }
         }
         // A reading far above what a model that has been right predicted, at a length it
@@ -1100,6 +1109,12 @@ impl Controller {
                 return out;
             }
         }
+        if over && self.within_own_noise(tokens, obs.seq_len) {
+            // A settled size whose readings scatter about target: the streak over it is
+            // that scatter, not drift. Shrinking on it undid a landing at the feasible size
+            // a hundred steps later.
+            self.steps_over_target = 0;
+        }
         if over && may_resize && !self.unresponsive && self.steps_over_target == OVER_TARGET_STEPS {
             // The allocator's cache may be what grew: free it before giving up samples.
             out.push(Decision::EmptyCache { usage });
@@ -1160,6 +1175,30 @@ impl Controller {
             out.extend(self.grow(obs, usage, seq));
         }
         out
+    }
+
+    /// Whether the latest readings at this size and length (the streak the drift rule
+    /// counts) sit within the scatter of the readings before them at the same size: a
+    /// size settled near target reads over it now and then without its footprint moving.
+    fn within_own_noise(&self, tokens: u64, seq_len: usize) -> bool {
+        let streak = self.steps_over_target as usize;
+        let here: Vec<f64> = self
+            .model
+            .points()
+            .filter(|p| p.0 == tokens && p.2 == seq_len)
+            .map(|p| p.1 as f64)
+            .collect();
+        // Enough earlier readings to know the size's own scatter.
+        if streak == 0 || here.len() < streak + 2 * OVER_TARGET_STEPS as usize {
+            return false;
+        }
+        let (earlier, recent) = here.split_at(here.len() - streak);
+        let m = median(earlier.to_vec());
+        let spread = earlier.iter().map(|r| (r - m).abs()).fold(0.0, f64::max);
+        // Settled under target of the limit as it is now (a limit that dropped puts the
+        // same bytes over it: that is not scatter).
+        m <= self.thresholds.target * self.limit_bytes as f64
+            && median(recent.to_vec()) - m <= spread
     }
 
     /// Whether `obs` reads a jump in the fixed part (see `observe`): a settled size (three
@@ -2469,6 +2508,89 @@ mod tests {
         assert!(r.iter().all(|x| x.2 * 2 >= x.1 || x.0 == 1), "{r:?}");
         assert!(c.micro_batch() >= 25, "{r:?}");
         assert!(c.is_unresponsive());
+    }
+
+    /// Issue 11's first failure through the binary (800 MiB hard cap, start 1, a fixed
+    /// part of 49%, 148 fits under target): 1 → 8 → 122, then held at 122 (83%). The
+    /// growth from 8 followed the steepest line the noise allows, which over-predicted 122
+    /// as it should; counted as the model's error, that kept 3% of the limit free, and
+    /// the landing growth fell under the 10% least gain. A reading under that bound is
+    /// not an error: with readings scattering by 0.5% the margin stays near that, and the
+    /// run lands within 5% of what fits by step 5 (it landed at 136 of 148 here before).
+    #[test]
+    fn a_growth_along_the_noise_bound_that_lands_low_is_not_the_models_error() {
+        let seq = 64;
+        let fixed = 0.49;
+        let per_seq = (0.888 - fixed) / 144.0;
+        let truth = |mb: usize| fixed + mb as f64 * per_seq;
+        let feasible = (1..1000).take_while(|&mb| truth(mb) < 0.9).count();
+        let mut c = Controller::new(cfg(seq), Thresholds::default(), LIMIT, 1);
+        c.set_baseline((0.45 * LIMIT as f64) as u64);
+        let mut n = 0u32;
+        let (ds, _) = drive_with(
+            &mut c,
+            1..=5,
+            |_| seq,
+            |mb, _| {
+                n += 1;
+                // Step 1 lacks the optimizer state; readings scatter by 0.5%.
+                let low = if n == 1 { 0.03 } else { 0.0 };
+                let jitter = [1.0, 1.0, 1.005, 0.995, 1.003][n as usize % 5];
+                ((truth(mb) - low) * jitter * LIMIT as f64) as u64
+            },
+        );
+        let r = resizes_of(&ds);
+        let mb = c.micro_batch();
+        assert!(
+            mb as f64 >= 0.95 * feasible as f64 && mb <= feasible && r.len() <= 3,
+            "{mb} of {feasible}: {r:?}"
+        );
+    }
+
+    /// A size settled just under target reads over it now and then; six readings in a
+    /// row over it is that scatter, not drift, when the size's earlier readings scattered
+    /// as much: the drift rule shrank such a landing a hundred steps later (a reversal).
+    /// A limit that drops under the same bytes is still drift.
+    #[test]
+    fn a_streak_over_target_within_the_sizes_own_scatter_is_not_drift() {
+        let seq = 64;
+        let mut c = Controller::new(cfg(seq), Thresholds::default(), LIMIT, 100);
+        let mut n = 0u64;
+        let reading = |n: u64| {
+            // 89.6% ± 0.8%, with steps 60..=66 all on the high side.
+            let high = (60..=66).contains(&n) || n.is_multiple_of(2);
+            0.896 * if high { 1.008 } else { 0.992 }
+        };
+        let (ds, _) = drive_with(
+            &mut c,
+            1..=100,
+            |_| seq,
+            |_, _| {
+                n += 1;
+                (reading(n) * LIMIT as f64) as u64
+            },
+        );
+        let shrinks: Vec<_> = resizes_of(&ds).into_iter().filter(|r| r.2 < r.1).collect();
+        assert!(shrinks.is_empty(), "{shrinks:?}");
+        // The limit drops by 2%: the same bytes now read 91.4% ± 0.8%, every step over
+        // target, and the drift rule acts.
+        c.set_limit((LIMIT as f64 * 0.98) as u64);
+        let (ds, _) = drive_with(
+            &mut c,
+            101..=120,
+            |_| seq,
+            |_, _| {
+                n += 1;
+                (reading(n) * LIMIT as f64) as u64
+            },
+        );
+        assert!(
+            resizes_of(&ds)
+                .iter()
+                .any(|r| r.3 == ResizeReason::OverTarget),
+            "{:?}",
+            resizes_of(&ds)
+        );
     }
 
     /// Seen in the simulator (a soft budget, random lengths, freed heap pages kept mapped):
