@@ -947,15 +947,22 @@ fn print_trace(trace: &[TrainerStep]) {
 }
 
 /// What a run through the trainer's horizon did wrong, if anything.
-fn trainer_faults(c: &TrainerCurve, trace: &[TrainerStep]) -> Vec<String> {
+fn trainer_faults(c: &TrainerCurve, sched: Schedule, trace: &[TrainerStep]) -> Vec<String> {
     let t = Thresholds::default();
     let mut faults = Vec::new();
     // The length each size is planned for: the longest in view so far (the controller
-    // never plans shorter than a length it was told of).
+    // never plans shorter than a length it was told of), and the longest the run feeds
+    // once a step ran shorter than one before it (lengths that fall may bring it any
+    // step).
     let mut planned = 0usize;
+    let mut longest = 0usize;
     let mut plans = Vec::new();
     for st in trace {
         planned = planned.max(st.in_view);
+        if st.seq_len < longest {
+            planned = planned.max(sched.hi());
+        }
+        longest = longest.max(st.seq_len);
         plans.push(planned);
     }
     // Never at or over critical.
@@ -971,18 +978,19 @@ fn trainer_faults(c: &TrainerCurve, trace: &[TrainerStep]) -> Vec<String> {
     // view and the size in force would run it over target (within the model's error).
     let mut forced = 0usize;
     let mut in_force = c.start;
-    let mut shrinks = 0usize;
+    let mut shrinks = Vec::new();
     for (i, st) in trace.iter().enumerate() {
         let before = if i == 0 { 0 } else { plans[i - 1] };
         if plans[i] > before && c.own(in_force, plans[i]) > t.target - 0.03 {
             forced += 1;
         }
-        shrinks += st.resizes.iter().filter(|r| r.1 < r.0).count();
+        shrinks.extend(st.resizes.iter().filter(|r| r.1 < r.0).map(|_| st.step));
         in_force = st.resizes.last().map_or(st.micro_batch, |r| r.1);
     }
-    if shrinks > forced {
+    if shrinks.len() > forced {
         faults.push(format!(
-            "[count] {shrinks} shrinks for {forced} planned lengths that forced one"
+            "[count] {} shrinks (at steps {shrinks:?}) for {forced} planned lengths that forced one",
+            shrinks.len()
         ));
     }
     // No growth after a shrink while longer lengths are still to come into view.
@@ -1083,7 +1091,10 @@ fn trainer_sweep(sched: impl Fn(u64) -> Schedule, steps: u64, n: u64) -> Vec<Str
         }
         let c = &c;
         let trace = run_trainer(c, sc, steps);
-        let faults = trainer_faults(c, &trace);
+        if std::env::var("HEADROOM_SIM_TRACE").ok() == Some(i.to_string()) {
+            print_trace(&trace);
+        }
+        let faults = trainer_faults(c, sc, &trace);
         if !faults.is_empty() {
             failed.push(format!(
                 "curve {i} (fixed {:.2}, a {:.2e}, b {:.2e}, noise {:.3}, start {}): {}",
@@ -1143,7 +1154,7 @@ fn trainer_horizon_ramp_like_the_real_run_moves_one_way() {
     if std::env::var("HEADROOM_SIM_TRACE").is_ok() {
         print_trace(&trace);
     }
-    let faults = trainer_faults(&c, &trace);
+    let faults = trainer_faults(&c, sched, &trace);
     assert!(faults.is_empty(), "{faults:#?}");
     let resizes: Vec<(u64, usize, usize)> = trace
         .iter()
@@ -1184,8 +1195,8 @@ fn trainer_horizon_ramps_hold_their_plan() {
         n,
     );
     let [critical, count, regrow, hold, _under] = trainer_tally("ramps", &failed, n);
-    // What it achieved (79 of 120 meet all; failing critical 0, count 5, regrow 1, hold
-    // 0, under 39: the young fit's bound under-uses the planned length), with a little
+    // What it achieved (77 of 120 meet all; failing critical 0, count 3, regrow 1, hold
+    // 0, under 41: the young fit's bound under-uses the planned length), with a little
     // room: a regression fails, the seeded sweep stays as it is.
     assert!(failed.len() <= 44, "{} of {n} failed", failed.len());
     assert_eq!(critical, 0);
@@ -1206,10 +1217,14 @@ fn trainer_horizon_random_lengths_hold_their_plan() {
         n,
     );
     let [critical, count, regrow, hold, _under] = trainer_tally("random lengths", &failed, n);
-    // Achieved: 98 of 120; failing critical 2, count 17, regrow 5, hold 0, under 4.
-    assert!(failed.len() <= 25, "{} of {n} failed", failed.len());
+    // Achieved: 89 of 120; failing critical 1, count 30, regrow 0, hold 0, under 3. Each
+    // count failure is one shrink within the first ten steps (a young fit's growth for the
+    // longest the run feeds, corrected once). Planned for the horizon's longest instead,
+    // 96 met them all but 6 regrew late and 2 reached critical: a size settled for the
+    // lengths in view was shrunk when a longer one came, long after the run settled.
+    assert!(failed.len() <= 33, "{} of {n} failed", failed.len());
     assert!(
-        critical <= 2 && regrow <= 6 && count <= 19 && hold == 0,
+        critical <= 1 && regrow <= 1 && count <= 32 && hold == 0,
         "{failed:#?}"
     );
 }

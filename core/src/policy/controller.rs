@@ -4,8 +4,9 @@
 //! It works in tokens (micro-batch × sequence length): the memory model is fitted per
 //! token, the learned ceiling is a token count, and growth is planned for the longest
 //! sequence still to come: the longest within the trainer's horizon when it says
-//! ([`Controller::before_step_ahead`]), else the configured maximum, and never shorter
-//! than the longest it has been told of (a horizon's own longest moves every step).
+//! ([`Controller::before_step_ahead`]) and the lengths have only risen so far, else the
+//! configured maximum (random lengths may bring it on any step), and never shorter than
+//! the longest it has been told of (a horizon's own longest moves every step).
 //!
 //! The model is trusted only as far as it has been earned:
 //! - the run's first step is not a reading of the footprint (optimizer state appears
@@ -286,6 +287,11 @@ pub struct Controller {
     /// The size grown from, until the first reading at the new size.
     grown_from: Option<usize>,
     upcoming: Option<Upcoming>,
+    /// The longest length any step has run (kept when readings are forgotten).
+    longest_run: usize,
+    /// A step ran shorter than one before it: the lengths are not a ramp, and any later
+    /// step may bring the longest the run feeds (see `plan_seq`).
+    lengths_fall: bool,
     /// Why growth holds, said once per size held at: `(false, size)` for an unknown fixed
     /// part (once), `(true, size)` for a longer length to come. Not once per length: on a
     /// ramp the longest length in view grows every step, and a line per step would bury
@@ -357,6 +363,8 @@ impl Controller {
             seen_first: false,
             grown_from: None,
             upcoming: None,
+            longest_run: 0,
+            lengths_fall: false,
             hold_said: None,
             retrying: None,
             foreseen: 0,
@@ -649,9 +657,14 @@ impl Controller {
     /// drops out of it and shrink when the next one comes in (random lengths churn), and
     /// a length seen once in a schedule comes again.
     fn plan_seq(&self, seq_len: usize) -> usize {
+        // Lengths that fall as well as rise (random, bucketed) can bring the longest the
+        // run feeds on any step, past the horizon's view: a size planned for the horizon's
+        // longest is shrunk again when a longer one comes into view, long after the run
+        // settled (a reversal in one random-length run in eight). A ramp only rises, and
+        // the horizon lets it use the room its shorter lengths leave.
         let ahead = match self.upcoming {
-            Some(u) => u.seq_len,
-            None => self.cfg.max_seq_len,
+            Some(u) if !(self.lengths_fall && self.cfg.max_seq_len > 0) => u.seq_len,
+            _ => self.cfg.max_seq_len,
         };
         ahead.max(seq_len).max(self.foreseen).max(1)
     }
@@ -886,11 +899,14 @@ impl Controller {
         // next readings grew it back. Shrinking for such a length waits for the fit, or
         // until the length is near; the forecast of each step's own length keeps the
         // steps before it safe.
-        let bound_only = plan > self.max_seq_seen
-            && self.model.length_fit().is_none()
-            && self
-                .upcoming
-                .is_some_and(|u| u.seq_len == plan && u.step > self.last_step + 1 + YOUNG_LEAD);
+        // With random lengths the longest the run feeds is planned for before it is in
+        // view: not known to be near either.
+        let far = match self.upcoming {
+            Some(u) if u.seq_len == plan => u.step > self.last_step + 1 + YOUNG_LEAD,
+            Some(_) => self.lengths_fall,
+            None => false,
+        };
+        let bound_only = plan > self.max_seq_seen && self.model.length_fit().is_none() && far;
         if ahead > trigger && may_resize && !bound_only {
             let fit = self.fit_target(plan).unwrap_or(0);
             if let Some(mut d) = self.shrink(fit, ResizeReason::Forecast, ahead, plan) {
@@ -920,6 +936,8 @@ impl Controller {
         self.retrying = None;
         let current = obs.micro_batch == self.micro_batch;
         self.probing &= !current;
+        self.lengths_fall |= obs.seq_len < self.longest_run;
+        self.longest_run = self.longest_run.max(obs.seq_len);
         // The one-sequence probe past the worst case read at or above critical: back to
         // the size it came from, which ran cleanly (halving would put it below what fits,
         // and a retained heap's high-water mark would never let it grow back).
@@ -2345,6 +2363,45 @@ mod tests {
         let longest = (1..=216).map(len).max().unwrap();
         let best = (1..4096)
             .take_while(|&mb| (peak(mb, longest) as f64) < 0.9 * LIMIT as f64)
+            .count();
+        assert!(
+            c.micro_batch() as f64 >= 0.9 * best as f64 && c.micro_batch() <= best,
+            "{} vs {best}",
+            c.micro_batch()
+        );
+    }
+
+    /// Issue 11: random lengths whose longest (the configured 256) first comes at step
+    /// 150. Planned for the horizon's longest, the run settled for the lengths up to 200
+    /// and shrank when 256 came into view, 130 steps after it had settled. Once the
+    /// lengths fall as well as rise, any step may bring the longest the run feeds: the run
+    /// settles for it and does not move when it comes.
+    #[test]
+    fn random_lengths_settle_for_the_longest_the_run_feeds() {
+        let max_seq = 256usize;
+        let t = Thresholds::default();
+        let peak =
+            |mb: usize, seq: usize| 900 * MIB + (mb * seq) as u64 * (30 * 1024 + 200 * seq as u64);
+        let len = |s: u64| {
+            if s == 150 {
+                max_seq
+            } else {
+                32 + (next(s.wrapping_mul(0x9e37_79b9)) % 169) as usize
+            }
+        };
+        let mut c = Controller::new(cfg(max_seq), t, LIMIT, 1);
+        c.set_baseline(850 * MIB);
+        let mut changes = Vec::new();
+        let mut worst: f64 = 0.0;
+        for s in 1..=200u64 {
+            let (ds, p) = step_told_ahead(&mut c, s, 16, &len, &peak);
+            worst = worst.max(p as f64 / LIMIT as f64);
+            changes.extend(resizes(&ds).into_iter().map(|r| (s, r)));
+        }
+        assert!(worst < t.critical, "{worst}");
+        assert!(changes.iter().all(|c| c.0 <= 20), "settled: {changes:?}");
+        let best = (1..4096)
+            .take_while(|&mb| (peak(mb, max_seq) as f64) < 0.9 * LIMIT as f64)
             .count();
         assert!(
             c.micro_batch() as f64 >= 0.9 * best as f64 && c.micro_batch() <= best,
