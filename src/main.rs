@@ -196,7 +196,7 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
         if let Some(s) = &server {
             s.abandon();
         }
-        std::process::exit(130);
+        signals::exit_mid_step(130);
     }
     if let Some(why) = end.screen_lost.take() {
         // The screen is gone (a hang-up, a dead terminal): the run goes on, and ends,

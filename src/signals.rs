@@ -87,7 +87,19 @@ fn exit_now(screen: bool, checkpoints: &Path) -> ! {
         "headroom: asked twice to stop: exiting without finishing the step in progress; {}",
         last_checkpoint_text(checkpoints)
     ));
-    std::process::exit(130)
+    exit_mid_step(130)
+}
+
+/// Ends the process while the trainer thread may be inside a libtorch op. `exit` would
+/// run the C++ static destructors (libtorch's thread pools among them) under that op,
+/// and the process could die of a signal instead of exiting with `code` (seen once in CI
+/// as a second SIGTERM's run ending without an exit status). Nothing is lost by skipping
+/// them: checkpoints are written whole or not at all, and what is said went to stderr,
+/// which is unbuffered (stdout is not flushed: a thread blocked writing to a stuck pipe
+/// holds its lock, and waiting for it would not be "at once").
+pub fn exit_mid_step(code: i32) -> ! {
+    // SAFETY: _exit ends the process at once; no Rust state is observed after it.
+    unsafe { libc::_exit(code) }
 }
 
 /// Which checkpoint a run leaves behind, from the checkpoint directory's `latest`.

@@ -7,7 +7,9 @@
 //!
 //! Curves (a seeded sweep): fixed part 0–85% of the limit; per-token cost linear plus an
 //! attention term quadratic in length (0–60% of the cost at the longest length); noise up
-//! to ±2%; a first step lower than the rest (optimizer state allocated during it); a
+//! to ±2% (the controller told to expect 2%, as the trainer tells it of a resident set),
+//! or up to ±0.2% with the controller told 0.5% (an exact meter: a CUDA allocator's
+//! peak, which repeats to the byte); a first step lower than the rest (optimizer state allocated during it); a
 //! baseline that under-states the fixed part (gradients, and for PyTorch-style loops the
 //! optimizer state, come on top); peaks that do not fall when the batch shrinks (retained
 //! heap pages, a CUDA-style cache), memory taken from outside mid-run, a limit that drops;
@@ -24,7 +26,7 @@ mod old_controller;
 
 use headroom_core::policy::{
     Controller, ControllerConfig, Decision, OomOutcome, ResizeReason, StepObservation, Thresholds,
-    Upcoming,
+    Upcoming, ALLOCATOR_NOISE, RSS_NOISE,
 };
 use headroom_core::units::splitmix64;
 use old_controller::OldController;
@@ -63,9 +65,10 @@ enum Family {
     Ramp,
     Random,
     RandomHeap,
+    FixedExact,
 }
 
-const FAMILIES: [Family; 9] = [
+const FAMILIES: [Family; 10] = [
     Family::FixedClean,
     Family::FixedNoBaseline,
     Family::FixedHeap,
@@ -75,6 +78,7 @@ const FAMILIES: [Family; 9] = [
     Family::Ramp,
     Family::Random,
     Family::RandomHeap,
+    Family::FixedExact,
 ];
 
 impl Family {
@@ -90,8 +94,9 @@ impl Family {
             Family::FixedOutside => 69,
             Family::FixedLimitDrop => 77,
             Family::Ramp => 89,
-            Family::Random => 78,
-            Family::RandomHeap => 44,
+            Family::Random => 86,
+            Family::RandomHeap => 47,
+            Family::FixedExact => 89,
         }
     }
 
@@ -106,6 +111,7 @@ impl Family {
             Family::Ramp => "ramped length",
             Family::Random => "random length",
             Family::RandomHeap => "random, retained heap (soft)",
+            Family::FixedExact => "fixed, exact meter (GPU)",
         }
     }
 }
@@ -135,6 +141,8 @@ struct Curve {
     a: f64,
     b: f64,
     noise: f64,
+    /// The scatter the controller is told to expect (what the trainer knows of its meter).
+    meter_noise: f64,
     /// Missing from the first successful step.
     opt: f64,
     baseline: Option<f64>,
@@ -164,7 +172,11 @@ impl Curve {
         let q = r.range(0.0, 0.6);
         let a = (1.0 - q) * per_seq / lmax as f64;
         let b = q * per_seq / (lmax * lmax) as f64;
-        let noise = r.range(0.0, 0.02);
+        // A CUDA allocator's peak repeats to the byte; a process's resident set scatters.
+        let (noise, meter_noise) = match (family, r.range(0.0, 0.02)) {
+            (Family::FixedExact, n) => (n / 10.0, ALLOCATOR_NOISE),
+            (_, n) => (n, RSS_NOISE),
+        };
         let grads = r.range(0.0, 0.3) * fixed;
         let opt = r.range(0.0, 0.5) * fixed;
         let pytorch = r.unit() < 0.5;
@@ -187,7 +199,7 @@ impl Curve {
             .then(|| (event_at, r.range(0.03, 0.3 * fixed.max(0.2))));
         let hard = match family {
             Family::FixedHeap | Family::RandomHeap => false,
-            Family::FixedCache => true,
+            Family::FixedCache | Family::FixedExact => true,
             _ => r.unit() < 0.5,
         };
         let lens = match family {
@@ -207,6 +219,7 @@ impl Curve {
             a,
             b,
             noise,
+            meter_noise,
             opt,
             baseline,
             early_baseline,
@@ -374,6 +387,7 @@ fn run<P: Policy>(c: &Curve) -> Outcome {
     let cfg = ControllerConfig {
         max_micro_batch: c.max_micro,
         max_seq_len: c.lmax,
+        reading_noise: c.meter_noise,
         ..ControllerConfig::default()
     };
     let mut p = P::start(cfg, LIMIT, c.start);

@@ -10,6 +10,7 @@ use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TryRecvErro
 use headroom_core::config::{auto_budget, MemorySection, RunConfig};
 use headroom_core::policy::{
     Controller, ControllerConfig, Decision, Profile, StepObservation, Thresholds, Upcoming,
+    ALLOCATOR_NOISE, RSS_NOISE,
 };
 use headroom_core::protocol::JobRank;
 use headroom_core::units::fmt_bytes;
@@ -543,6 +544,13 @@ impl NativeRun {
             max_micro_batch: max,
             adaptive,
             max_seq_len,
+            // The CUDA meter is the allocator's peak, which repeats to the byte; the CPU
+            // meter is the resident set, which scatters.
+            reading_noise: if self.cuda {
+                ALLOCATOR_NOISE
+            } else {
+                RSS_NOISE
+            },
             ..ControllerConfig::default()
         };
         let mut c = Controller::new(cfg, self.thresholds, self.limit, micro_batch);

@@ -17,6 +17,7 @@ use std::collections::BTreeSet;
 use crossbeam_channel::{bounded, Receiver, TryRecvError};
 use headroom_core::policy::{
     Controller, ControllerConfig, Decision, Profile, StepObservation, Thresholds, Upcoming,
+    ALLOCATOR_NOISE, RSS_NOISE,
 };
 use headroom_core::units::fmt_bytes;
 use headroom_core::{
@@ -767,6 +768,13 @@ impl Trainer {
             max_micro_batch: max,
             adaptive: mem.adaptive,
             max_seq_len: cfg.data.seq_len,
+            // The CUDA meter is the allocator's peak (plus what lies outside it), which
+            // repeats to the byte at one size; the CPU meter is the resident set.
+            reading_noise: if matches!(device, Device::Cuda(_)) {
+                ALLOCATOR_NOISE
+            } else {
+                RSS_NOISE
+            },
             ..ControllerConfig::default()
         };
         let mut controller = Controller::new(ccfg, thresholds, meter.limit(), start_micro);

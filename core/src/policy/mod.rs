@@ -6,6 +6,7 @@ pub mod thresholds;
 
 pub use controller::{
     Controller, ControllerConfig, Decision, OomOutcome, ResizeReason, StepObservation, Upcoming,
+    ALLOCATOR_NOISE, RSS_NOISE,
 };
 pub use memory_model::MemoryModel;
 pub use thresholds::{Profile, ThresholdError, Thresholds};
