@@ -2393,6 +2393,43 @@ mod tests {
         (ds, p)
     }
 
+    /// The device both random-length tests run on: 900 MiB fixed, a token costing more in
+    /// a longer sequence.
+    fn attention_peak(mb: usize, seq: usize) -> u64 {
+        900 * MIB + (mb * seq) as u64 * (30 * 1024 + 200 * seq as u64)
+    }
+
+    /// Resizes by step: (step, (from, to, reason)).
+    type Changes = Vec<(u64, (usize, usize, ResizeReason))>;
+
+    /// 200 steps from micro-batch 1, told the longest length of the next 16 each step:
+    /// the controller, its resizes by step, and the worst usage.
+    fn run_told_ahead(max_seq: usize, len: impl Fn(u64) -> usize) -> (Controller, Changes, f64) {
+        let mut c = Controller::new(cfg(max_seq), Thresholds::default(), LIMIT, 1);
+        c.set_baseline(850 * MIB);
+        let mut changes = Vec::new();
+        let mut worst: f64 = 0.0;
+        for s in 1..=200u64 {
+            let (ds, p) = step_told_ahead(&mut c, s, 16, &len, &attention_peak);
+            worst = worst.max(p as f64 / LIMIT as f64);
+            changes.extend(resizes(&ds).into_iter().map(|r| (s, r)));
+        }
+        (c, changes, worst)
+    }
+
+    /// Asserts the micro-batch is at most the largest whose peak at `seq` is under 90%,
+    /// and within 10% of it.
+    fn assert_feasible_at(c: &Controller, seq: usize) {
+        let best = (1..4096)
+            .take_while(|&mb| (attention_peak(mb, seq) as f64) < 0.9 * LIMIT as f64)
+            .count();
+        assert!(
+            c.micro_batch() as f64 >= 0.9 * best as f64 && c.micro_batch() <= best,
+            "{} vs {best}",
+            c.micro_batch()
+        );
+    }
+
     /// Issue 11: random lengths with the trainer's 16-step horizon. Planned for the
     /// horizon's own longest, the size grew when a long length left the horizon and shrank
     /// when the next came in. Planned for the longest told so far, with the cost of a token
@@ -2400,33 +2437,15 @@ mod tests {
     #[test]
     fn random_lengths_settle_without_churn() {
         let max_seq = 256usize;
-        let t = Thresholds::default();
-        let peak =
-            |mb: usize, seq: usize| 900 * MIB + (mb * seq) as u64 * (30 * 1024 + 200 * seq as u64);
         let len =
             |s: u64| 32 + (next(s.wrapping_mul(0x9e37_79b9)) % (max_seq as u64 - 31)) as usize;
-        let mut c = Controller::new(cfg(max_seq), t, LIMIT, 1);
-        c.set_baseline(850 * MIB);
-        let mut changes = Vec::new();
-        let mut worst: f64 = 0.0;
-        for s in 1..=200u64 {
-            let (ds, p) = step_told_ahead(&mut c, s, 16, &len, &peak);
-            worst = worst.max(p as f64 / LIMIT as f64);
-            changes.extend(resizes(&ds).into_iter().map(|r| (s, r)));
-        }
-        assert!(worst < t.critical, "{worst}");
+        let (c, changes, worst) = run_told_ahead(max_seq, len);
+        assert!(worst < Thresholds::default().critical, "{worst}");
         // Learning the curve takes a few adjustments early on; none after.
         assert!(changes.len() <= 6, "{changes:?}");
         assert!(changes.iter().all(|c| c.0 <= 20), "settled: {changes:?}");
         let longest = (1..=216).map(len).max().unwrap();
-        let best = (1..4096)
-            .take_while(|&mb| (peak(mb, longest) as f64) < 0.9 * LIMIT as f64)
-            .count();
-        assert!(
-            c.micro_batch() as f64 >= 0.9 * best as f64 && c.micro_batch() <= best,
-            "{} vs {best}",
-            c.micro_batch()
-        );
+        assert_feasible_at(&c, longest);
     }
 
     /// Issue 11: random lengths whose longest (the configured 256) first comes at step
@@ -2437,9 +2456,6 @@ mod tests {
     #[test]
     fn random_lengths_settle_for_the_longest_the_run_feeds() {
         let max_seq = 256usize;
-        let t = Thresholds::default();
-        let peak =
-            |mb: usize, seq: usize| 900 * MIB + (mb * seq) as u64 * (30 * 1024 + 200 * seq as u64);
         let len = |s: u64| {
             if s == 150 {
                 max_seq
@@ -2447,25 +2463,10 @@ mod tests {
                 32 + (next(s.wrapping_mul(0x9e37_79b9)) % 169) as usize
             }
         };
-        let mut c = Controller::new(cfg(max_seq), t, LIMIT, 1);
-        c.set_baseline(850 * MIB);
-        let mut changes = Vec::new();
-        let mut worst: f64 = 0.0;
-        for s in 1..=200u64 {
-            let (ds, p) = step_told_ahead(&mut c, s, 16, &len, &peak);
-            worst = worst.max(p as f64 / LIMIT as f64);
-            changes.extend(resizes(&ds).into_iter().map(|r| (s, r)));
-        }
-        assert!(worst < t.critical, "{worst}");
+        let (c, changes, worst) = run_told_ahead(max_seq, len);
+        assert!(worst < Thresholds::default().critical, "{worst}");
         assert!(changes.iter().all(|c| c.0 <= 20), "settled: {changes:?}");
-        let best = (1..4096)
-            .take_while(|&mb| (peak(mb, max_seq) as f64) < 0.9 * LIMIT as f64)
-            .count();
-        assert!(
-            c.micro_batch() as f64 >= 0.9 * best as f64 && c.micro_batch() <= best,
-            "{} vs {best}",
-            c.micro_batch()
-        );
+        assert_feasible_at(&c, max_seq);
     }
 
     /// Issue 10: a ramp 64 → 256 over 60 steps held 16 with no word and then peaked at
