@@ -58,6 +58,11 @@ def _params(model):
 def _same(ref: dict, got: dict, rel=REL):
     assert ref.keys() == got.keys()
     for k in ref:
+        if k.endswith("attention.self.key.bias"):
+            # Its gradient is zero in exact arithmetic (softmax ignores a shift shared by
+            # every key), so it holds rounding noise of ~1e-9 whatever the batching.
+            assert ref[k].abs().max() < 1e-6 and got[k].abs().max() < 1e-6
+            continue
         a, b = ref[k], got[k]
         scale = max(a.abs().max().item(), b.abs().max().item(), 1e-12)
         d = (a - b).abs().max().item() / scale
@@ -84,6 +89,8 @@ def test_the_adaptive_trainer_learns_what_a_fixed_batch_trainer_learns(tmp_path,
     calls = {"n": 0}
 
     def fail_some(module, inputs):
+        if not torch.is_grad_enabled():
+            return  # adapt's one-sample probe of the loss's normalisation
         calls["n"] += 1
         if calls["n"] in (2, 9):
             _torch.provoke_oom(torch.device("cpu"))
@@ -158,7 +165,7 @@ def test_the_dashboards_checkpoint_and_stop_go_through_the_trainers_save_and_res
     saved = sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
     # The asked checkpoint, and the stop's save at the last step: the Trainer's own.
     assert len(saved) == 2 and saved[-1] == stopped_at, saved
-    told = [r["path"] for r in recs if r["kind"] == "checkpoint"]
+    told = [r["path"] for r in recs if r["kind"] == "checkpoint_saved"]
     assert told == [str(out / f"checkpoint-{s}") for s in saved], told
     steps = kinds(log, "step")
     assert steps[-1]["loss"] > 0 and steps[-1]["lr"] is not None

@@ -124,7 +124,7 @@ def test_the_dashboards_checkpoint_and_stop_go_through_lightnings_save_and_resum
     saved = sorted(tmp_path.glob("headroom-step=*.ckpt"), key=lambda p: p.stat().st_mtime)
     assert len(saved) == 2, saved
     assert saved[-1].name == f"headroom-step={stopped_at}.ckpt"
-    told = [r["path"] for r in recs if r["kind"] == "checkpoint"]
+    told = [r["path"] for r in recs if r["kind"] == "checkpoint_saved"]
     assert told == [str(p) for p in saved]
     assert str(saved[0]) in answers["checkpoint"]["applied"] or answers["checkpoint"]
     # Lightning's own resume takes the stop's checkpoint up.

@@ -70,7 +70,7 @@ def reference(model, batches, micro, autocast=None):
                 loss = model.loss((x[i : i + micro], y[i : i + micro]))
             w = min(micro, n - i) / n
             scaler.scale(loss * w).backward()
-            total += float(loss) * w
+            total += float(loss.detach()) * w
         scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         scaler.step(opt)

@@ -115,13 +115,8 @@ class Watch(TrainerCallback):
 
     def _make_run(self, args, state, model, **extra) -> Run:
         name = self._name or args.run_name or os.path.basename(os.path.normpath(args.output_dir))
-        return Run(
-            name or None,
-            model=model,
-            total_steps=int(state.max_steps or 0),
-            on_checkpoint=self._ask_checkpoint,
-            **{**self._run_kwargs, **extra},
-        )
+        kw = {"total_steps": int(state.max_steps or 0), **extra, **self._run_kwargs}
+        return Run(name or None, model=model, on_checkpoint=self._ask_checkpoint, **kw)
 
     def _ask_checkpoint(self, step: int) -> None:
         # The save itself is the Trainer's (at this step's end, as checkpoint-N, with the

@@ -59,13 +59,8 @@ class Watch(pl.Callback):
 
     def _make_run(self, trainer, pl_module, **extra) -> Run:
         total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else 0
-        return Run(
-            self._name,
-            model=pl_module,
-            total_steps=int(total),
-            on_checkpoint=self._ask_checkpoint,
-            **{**self._run_kwargs, **extra},
-        )
+        kw = {"total_steps": int(total), **extra, **self._run_kwargs}
+        return Run(self._name, model=pl_module, on_checkpoint=self._ask_checkpoint, **kw)
 
     def _ask_checkpoint(self, step: int) -> None:
         # Saved at the batch's end by the trainer itself (as ModelCheckpoint does), so
