@@ -24,7 +24,9 @@ def make_model(
     return GPT(seq_len, n_layer, n_head, n_embd, dropout=0.0)
 
 
-def make_hf_model(seed: int, seq_len: int = 64, n_layer: int = 4, n_head: int = 4, n_embd: int = 128):
+def make_hf_model(
+    seed: int, seq_len: int = 64, n_layer: int = 4, n_head: int = 4, n_embd: int = 128
+):
     """transformers' own GPT2LMHeadModel of the same shape, from a config (random
     weights, nothing downloaded), with the same `loss((inputs, targets))` for evaluation
     and warm-up; the Trainer computes its training loss from `labels`."""

@@ -35,6 +35,21 @@ Contenders:
               trials. Then a new Trainer fits --steps optimizer steps at the found size with
               accumulate_grad_batches = 256 // size (exact when the size divides 256, as
               power mode's powers of two do; the table says the effective batch it got).
+  lightning-headroom
+              The same Lightning fit with headroom.lightning: an AdaptiveModule (manual
+              optimization; run.backward with manual_backward, run.step with Lightning's
+              optimizer) and the Adaptive(micro_batch=256, memory_budget=B,
+              hard_limit=True) callback; one loader batch of 256 per optimizer step.
+
+With --model gpt2 (transformers' GPT2LMHeadModel of the same shape, from a config), the
+Hugging Face Trainer's contenders (constant LR, no clipping, the warm AdamW passed in):
+
+  hf-auto     TrainingArguments(per_device_train_batch_size=256,
+              auto_find_batch_size=True): accelerate's find_executable_batch_size around
+              the Trainer's inner loop; after an OOM the per-device batch is cut (×0.9)
+              and the loop starts over; the effective batch is the smaller batch.
+  hf-headroom The same Trainer with headroom.hf.adapt(trainer, micro_batch=256,
+              memory_budget=B, hard_limit=True): 256 per step, cut into micro-batches.
 
 Per contender: OOMs caught, restarts (accelerate: calls of the training function after
 the first; lightning: trial runs; headroom: none, the step goes on), the optimizer step
@@ -45,6 +60,8 @@ and the training loss of the last step and a held-out loss after it. A contender
 fails is reported with its traceback's last lines.
 
     HEADROOM_STAGE=/work/stage-bench ./dev bench-python py/bench/peers.py
+    ./dev bench-python py/bench/peers.py --contenders lightning,lightning-headroom
+    ./dev bench-python py/bench/peers.py --model gpt2 --contenders hf-auto,hf-headroom
 """
 
 from __future__ import annotations
@@ -534,9 +551,10 @@ def _hf_trainer(b: Bench, per_device: int, **kw):
 
 def work_hf_auto(b: Bench) -> None:
     """transformers.Trainer(auto_find_batch_size=True): accelerate's
-    find_executable_batch_size around the Trainer's inner loop, which halves the
-    per-device batch after an OOM and starts the loop over (the completed steps'
-    updates stay in the model; the step count and the data order start again)."""
+    find_executable_batch_size around the Trainer's inner loop, which cuts the
+    per-device batch (×0.9, accelerate's default) after an OOM and starts the loop over
+    (the completed steps' updates stay in the model; the step count and the data order
+    start again; the effective batch is the smaller per-device batch)."""
     trainer = _hf_trainer(b, b.args.start, auto_find_batch_size=True)
     attempts: list[int] = []
     inner = trainer._inner_training_loop

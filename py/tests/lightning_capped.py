@@ -48,7 +48,9 @@ def main() -> int:
         callbacks=[cb],
     )
     trainer.fit(model, data)
-    print(json.dumps({"global_step": trainer.global_step, "steps": args.steps, "batch": args.batch}))
+    print(
+        json.dumps({"global_step": trainer.global_step, "steps": args.steps, "batch": args.batch})
+    )
     return 0
 
 

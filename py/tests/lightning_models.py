@@ -24,7 +24,7 @@ class FixedGPT(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         loss = self.net.loss(batch)
-        self.losses.append(float(loss))
+        self.losses.append(float(loss.detach()))
         return loss
 
     def validation_step(self, batch, batch_idx):

@@ -122,8 +122,10 @@ def _steer(cb_run, commands, answers, errors):
         for c in commands:
             v.command(c)
             answers[c] = v.until(
-                lambda r, c=c: (r["kind"] == "command_applied" and r["command"]["command"] == c)
-                or (c == "stop" and r["kind"] == "status" and r["status"] == "stopping")
+                lambda r, c=c: (
+                    (r["kind"] == "command_applied" and r["command"]["command"] == c)
+                    or (c == "stop" and r["kind"] == "status" and r["status"] == "stopping")
+                )
             )
         v.until(lambda r: r["kind"] == "finished")
     except Exception as e:  # pragma: no cover - reported by the test
@@ -131,9 +133,7 @@ def _steer(cb_run, commands, answers, errors):
 
 
 @pytest.mark.parametrize("mode", ["watch", "adapt"])
-def test_the_dashboards_checkpoint_and_stop_go_through_the_trainers_save_and_resume(
-    tmp_path, mode
-):
+def test_the_dashboards_checkpoint_and_stop_go_through_the_trainers_save_and_resume(tmp_path, mode):
     ds = Samples(400)
     log = tmp_path / "run.jsonl"
     out = tmp_path / "out"

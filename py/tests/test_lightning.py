@@ -101,9 +101,7 @@ class _Slow(L.pytorch.Callback):
 
 
 @pytest.mark.parametrize("mode", ["watch", "adaptive"])
-def test_the_dashboards_checkpoint_and_stop_go_through_lightnings_save_and_resume(
-    tmp_path, mode
-):
+def test_the_dashboards_checkpoint_and_stop_go_through_lightnings_save_and_resume(tmp_path, mode):
     log = tmp_path / "run.jsonl"
     torch.manual_seed(0)
     if mode == "watch":

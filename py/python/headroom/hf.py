@@ -296,4 +296,3 @@ def _loss_is_a_share(loss_fn, inputs) -> bool:
         with torch.random.fork_rng(devices=devices):
             b = float(loss_fn(one, n_items=2))
     return abs(a - 2 * b) <= 1e-3 * abs(a) and a != b
-
