@@ -224,6 +224,12 @@ def adapt(trainer: transformers.Trainer, **run_kwargs: Any) -> transformers.Trai
     """
     if getattr(trainer, "_headroom", None) is not None:
         raise RunError("headroom.hf.adapt(trainer) was already called on this trainer")
+    if trainer.args.auto_find_batch_size:
+        raise RunError(
+            "headroom.hf.adapt: auto_find_batch_size=True would restart the loop at a smaller "
+            "per-device batch after an OOM; headroom recovers within the step instead. Set "
+            "auto_find_batch_size=False"
+        )
     if str(trainer.args.optim).lower().endswith("lomo"):
         raise RunError(
             "headroom.hf.adapt: the LOMO optimizers update the parameters inside backward, "
