@@ -813,8 +813,9 @@ impl NativeRun {
     fn apply_commands(&mut self, commands: Vec<String>) -> PyResult<Vec<(u64, String)>> {
         let mut out = Vec::new();
         for text in commands {
-            let cmd: Command = serde_json::from_str(&text)
-                .map_err(|e| value_error(format!("a job command {text:?} is not understood: {e}")))?;
+            let cmd: Command = serde_json::from_str(&text).map_err(|e| {
+                value_error(format!("a job command {text:?} is not understood: {e}"))
+            })?;
             if let Some(cmd) = self.handle(cmd) {
                 out.push(self.hand_to_python(cmd));
             }
@@ -826,8 +827,8 @@ impl NativeRun {
     /// as JSON).
     fn job_ranks(&self, record: &str) -> PyResult<()> {
         self.bus()?;
-        let rows: headroom_core::JobRanks = serde_json::from_str(record)
-            .map_err(|e| value_error(format!("job_ranks: {e}")))?;
+        let rows: headroom_core::JobRanks =
+            serde_json::from_str(record).map_err(|e| value_error(format!("job_ranks: {e}")))?;
         self.send(Telemetry::JobRanks(rows));
         Ok(())
     }
