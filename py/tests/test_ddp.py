@@ -237,3 +237,62 @@ def test_sigterm_to_torchrun_checkpoints_every_rank_at_one_step_and_each_exits_0
         assert (tmp_path / f"ckpt-rank{r}-step{done['steps']}.pt").exists()
         steps.append(done["steps"])
     assert steps[0] == steps[1], f"the ranks stopped at different steps: {steps}"
+
+
+def test_commands_sent_to_rank_0_reach_every_rank_at_the_same_step(tmp_path, runtime_dir):
+    """A pause sent to rank 0's socket pauses every rank after the same step, a resume
+    resumes them together, and a stop ends every rank at one step, each confirming."""
+    from conftest import Viewer
+
+    job = torchrun(
+        2,
+        "ddp_adaptive.py",
+        "--steps",
+        "100000",
+        "--per-rank",
+        "8",
+        "--step-sleep",
+        "0.05",
+        "--out",
+        str(tmp_path),
+    )
+    try:
+        _pids(job, 2)
+        _wait_for_steps(tmp_path / "rank1.jsonl", 2, job)
+        serving = [
+            n["text"] for n in kinds(tmp_path / "rank0.jsonl", "notice") if n["source"] == "serve"
+        ]
+        viewer = Viewer(serving[0].split("serving on ")[1].split(" (attach")[0])
+        viewer.command("pause")
+        for r in range(2):
+            log = tmp_path / f"rank{r}.jsonl"
+            deadline = time.monotonic() + 60
+            while not [c for c in kinds(log, "command_applied") if "paused" in c["applied"]]:
+                assert time.monotonic() < deadline, f"rank {r} never paused"
+                time.sleep(0.1)
+        time.sleep(1.0)
+        held = [len(kinds(tmp_path / f"rank{r}.jsonl", "step")) for r in range(2)]
+        time.sleep(1.0)
+        assert [len(kinds(tmp_path / f"rank{r}.jsonl", "step")) for r in range(2)] == held
+        paused_at = [
+            next(
+                c["applied"]
+                for c in kinds(tmp_path / f"rank{r}.jsonl", "command_applied")
+                if "paused" in c["applied"]
+            )
+            for r in range(2)
+        ]
+        assert paused_at[0] == paused_at[1], paused_at
+        assert held[0] == held[1], held
+        viewer.command("resume")
+        _wait_for_steps(tmp_path / "rank1.jsonl", held[1] + 2, job)
+        viewer.command("stop")
+        job.communicate(timeout=120)
+        viewer.close()
+    finally:
+        if job.poll() is None:
+            job.kill()
+    done = [json.loads((tmp_path / f"done-rank{r}.json").read_text()) for r in range(2)]
+    assert done[0]["steps"] == done[1]["steps"], done
+    notes = [n["text"] for n in kinds(tmp_path / "rank0.jsonl", "notice")]
+    assert any("carried out by every rank (2 of 2)" in t for t in notes), notes
