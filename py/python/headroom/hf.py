@@ -230,6 +230,12 @@ def adapt(trainer: transformers.Trainer, **run_kwargs: Any) -> transformers.Trai
             "per-device batch after an OOM; headroom recovers within the step instead. Set "
             "auto_find_batch_size=False"
         )
+    if trainer.args.world_size > 1:
+        raise RunError(
+            f"headroom.hf.adapt under {trainer.args.world_size} ranks: the Trainer's own DDP "
+            "wrapper and headroom's synchronised accumulation are not joined yet; watch each "
+            "rank with callbacks=[headroom.hf.Watch()] instead"
+        )
     if str(trainer.args.optim).lower().endswith("lomo"):
         raise RunError(
             "headroom.hf.adapt: the LOMO optimizers update the parameters inside backward, "

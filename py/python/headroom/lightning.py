@@ -129,6 +129,12 @@ class Adaptive(Watch):
                 "training_step calls run.backward and run.step): subclass "
                 "headroom.lightning.AdaptiveModule, or set self.automatic_optimization = False"
             )
+        if trainer.world_size > 1:
+            raise RunError(
+                f"headroom.lightning.Adaptive under {trainer.world_size} ranks: Lightning's DDP "
+                "strategy and headroom's synchronised accumulation are not joined yet; watch "
+                "each rank with headroom.lightning.Watch() instead"
+            )
         effective = self._effective or getattr(trainer.train_dataloader, "batch_size", None)
         if not effective:
             raise RunError(
