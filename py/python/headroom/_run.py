@@ -547,8 +547,10 @@ class Run:
         self._accumulated = None
         peak = self._meter.peak()
         if skipped:
-            self._say_skipped(step, skipped)
-        elif self._native.observe(step, mb, seq, peak, predicted_bytes=predicted)[1]:
+            next_mb, free = self._say_skipped(step, skipped), False
+        else:
+            next_mb, free = self._native.observe(step, mb, seq, peak, predicted_bytes=predicted)
+        if free:
             _torch.free_memory(self.device)
         dt = time.perf_counter() - t0
         lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
@@ -600,13 +602,15 @@ class Run:
             )
         raise OutOfMemory(f"step {step}: optimizer.step() ran out of memory three times")
 
-    def _say_skipped(self, step: int, scales: tuple[float, float]) -> None:
+    def _say_skipped(self, step: int, scales: tuple[float, float]) -> int:
+        """Says the scaler skipped `step`; the micro-batch stays as it is."""
         self._native.notice_text(
             f"step {step}: the GradScaler skipped the optimizer step (inf/NaN gradients); "
             f"loss scale {scales[0]:g} → {scales[1]:g}; not fed to the memory controller",
             level="warn",
             source="python",
         )
+        return self._native.micro_batch
 
     def _grad_versions(self) -> list:
         return [None if p.grad is None else (id(p.grad), p.grad._version) for p in self._params]
