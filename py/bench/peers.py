@@ -468,7 +468,8 @@ def work_lightning_headroom(b: Bench) -> None:
     class Meter(pl.Callback):
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
             b.res["step_end"].append(time.perf_counter())
-            b.res["losses"].append(float(outputs))
+            loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+            b.res["losses"].append(float(loss))
 
     log = Path(tempfile.mkdtemp(prefix="headroom-peers-")) / "run.jsonl"
     cb = headroom.lightning.Adaptive(
