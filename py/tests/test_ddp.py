@@ -4,7 +4,10 @@ parameters equal a single process's full-global-batch training."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -18,20 +21,35 @@ HERE = Path(__file__).resolve().parent
 SEQ, WIDTH = 16, 32
 
 
-def torchrun(nproc: int, script: str, *args: str, rdzv: str = "") -> subprocess.Popen:
-    extra = ["--rdzv-id", rdzv] if rdzv else []
-    return spawn(
+@pytest.fixture(autouse=True)
+def _no_rank_left_behind():
+    """A failing test kills its torchrun and every rank with it (its session), so no rank
+    of a failed test goes on training beside the next."""
+    yield
+    while _jobs:
+        job = _jobs.pop()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+
+
+def torchrun(nproc: int, script: str, *args: str) -> subprocess.Popen:
+    job = spawn(
         [
             "-m",
             "torch.distributed.run",
             "--standalone",
             "--nproc-per-node",
             str(nproc),
-            *extra,
             str(HERE / script),
             *args,
-        ]
+        ],
+        new_session=True,
     )
+    _jobs.append(job)
+    return job
+
+
+_jobs: list[subprocess.Popen] = []
 
 
 def finish(job: subprocess.Popen, timeout: float = 240) -> tuple[str, str]:
@@ -180,9 +198,6 @@ def _pids(job: subprocess.Popen, world: int) -> dict[int, int]:
 
 
 def test_a_rank_killed_mid_run_ends_the_job_through_torchrun_and_the_others_say_why(tmp_path):
-    import os
-    import signal
-
     job = torchrun(
         2, "ddp_adaptive.py", "--steps", "100000", "--per-rank", "8", "--out", str(tmp_path)
     )
@@ -205,8 +220,6 @@ def test_a_rank_killed_mid_run_ends_the_job_through_torchrun_and_the_others_say_
 
 
 def test_sigterm_to_torchrun_checkpoints_every_rank_at_one_step_and_each_exits_0(tmp_path):
-    import signal
-
     job = torchrun(
         2,
         "ddp_adaptive.py",
