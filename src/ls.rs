@@ -94,7 +94,9 @@ pub fn runs(found: &[Found]) -> Vec<LiveRun> {
         .iter()
         .filter_map(|f| match f {
             Found::Live(sock, st) => Some(LiveRun {
-                name: rundir::name_of(sock).unwrap_or_else(|| st.run_name.clone()),
+                // The run's own name: a socket's file name is cut to fit the path limit
+                // (a torchrun job's long id under a long runtime directory).
+                name: st.run_name.clone(),
                 pid: st.pid,
                 socket: sock.clone(),
                 job: st.job.clone(),
