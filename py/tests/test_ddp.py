@@ -376,3 +376,20 @@ def test_attach_to_the_job_shows_a_row_per_rank_and_pauses_every_rank_at_one_ste
             job.kill()
     done = [json.loads((tmp_path / f"done-rank{r}.json").read_text()) for r in range(2)]
     assert done[0]["steps"] == done[1]["steps"], done
+
+
+def test_a_rank_that_raises_ends_every_rank_naming_it_and_why(tmp_path):
+    job = torchrun(
+        2, "ddp_adaptive.py", "--steps", "6", "--raise-at", "1@3", "--out", str(tmp_path)
+    )
+    out, err = job.communicate(timeout=240)
+    assert job.returncode != 0
+    failed = kinds(tmp_path / "rank0.jsonl", "failed")
+    assert failed, "rank 0's run did not end as failed"
+    reason = failed[0]["reason"]
+    assert "RankFailed" in reason and "rank 1" in reason, reason
+    assert "ValueError: a bad sample on rank 1 at step 3" in reason, reason
+    own = kinds(tmp_path / "rank1.jsonl", "failed")
+    assert own and "ValueError" in own[0]["reason"], own
+    for r in range(2):
+        assert len(kinds(tmp_path / f"rank{r}.jsonl", "step")) == 2
