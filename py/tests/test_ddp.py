@@ -347,6 +347,12 @@ def test_attach_to_the_job_shows_a_row_per_rank_and_pauses_every_rank_at_one_ste
             assert screen.wait_for("attached to"), screen.data[-2000:]
             assert screen.wait_for("2 ranks"), screen.data[-3000:]
             assert screen.wait_for("panels show rank 0"), screen.data[-3000:]
+            # The panels follow the selected rank to its own socket, and back.
+            screen.send(b"]")
+            assert screen.wait_for("panels show rank 1"), screen.data[-3000:]
+            screen.data = b""
+            screen.send(b"0")
+            assert screen.wait_for("panels show rank 0"), screen.data[-3000:]
             screen.send(b"p")
             deadline = time.monotonic() + 60
             while not all(_paused_at(log) for log in logs):
