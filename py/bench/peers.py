@@ -35,6 +35,21 @@ Contenders:
               trials. Then a new Trainer fits --steps optimizer steps at the found size with
               accumulate_grad_batches = 256 // size (exact when the size divides 256, as
               power mode's powers of two do; the table says the effective batch it got).
+  lightning-headroom
+              The same Lightning fit with headroom.lightning: an AdaptiveModule (manual
+              optimization; run.backward with manual_backward, run.step with Lightning's
+              optimizer) and the Adaptive(micro_batch=256, memory_budget=B,
+              hard_limit=True) callback; one loader batch of 256 per optimizer step.
+
+With --model gpt2 (transformers' GPT2LMHeadModel of the same shape, from a config), the
+Hugging Face Trainer's contenders (constant LR, no clipping, the warm AdamW passed in):
+
+  hf-auto     TrainingArguments(per_device_train_batch_size=256,
+              auto_find_batch_size=True): accelerate's find_executable_batch_size around
+              the Trainer's inner loop; after an OOM the per-device batch is cut (×0.9)
+              and the loop starts over; the effective batch is the smaller batch.
+  hf-headroom The same Trainer with headroom.hf.adapt(trainer, micro_batch=256,
+              memory_budget=B, hard_limit=True): 256 per step, cut into micro-batches.
 
 Per contender: OOMs caught, restarts (accelerate: calls of the training function after
 the first; lightning: trial runs; headroom: none, the step goes on), the optimizer step
@@ -45,6 +60,8 @@ and the training loss of the last step and a held-out loss after it. A contender
 fails is reported with its traceback's last lines.
 
     HEADROOM_STAGE=/work/stage-bench ./dev bench-python py/bench/peers.py
+    ./dev bench-python py/bench/peers.py --contenders lightning,lightning-headroom
+    ./dev bench-python py/bench/peers.py --model gpt2 --contenders hf-auto,hf-headroom
 """
 
 from __future__ import annotations
@@ -63,7 +80,7 @@ import traceback
 from pathlib import Path
 
 import torch
-from _gpt import evaluate, make_model, make_optimizer
+from _gpt import evaluate, make_hf_model, make_model, make_optimizer
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = ROOT / "assets" / "tinyshakespeare.txt"
@@ -142,6 +159,7 @@ class Bench:
     def __init__(self, args):
         import accelerate  # noqa: F401  (every worker holds the same libraries)
         import lightning  # noqa: F401
+        import transformers  # noqa: F401
 
         import headroom  # noqa: F401
 
@@ -149,9 +167,8 @@ class Bench:
         self.args = args
         self.E = args.effective
         self.train, warm, self.val = corpus_batches(args.steps, self.E, args.seq_len, args.seed)
-        self.model = make_model(
-            args.seed, seq_len=args.seq_len, n_layer=args.n_layer, n_embd=args.n_embd
-        )
+        make = make_hf_model if args.model == "gpt2" else make_model
+        self.model = make(args.seed, seq_len=args.seq_len, n_layer=args.n_layer, n_embd=args.n_embd)
         self.opt = make_optimizer(self.model)
         self.model.loss(warm).backward()
         self.opt.step()
@@ -397,7 +414,200 @@ def work_lightning(b: Bench) -> None:
     res["peak"] = hwm()
 
 
-WORKERS = {"headroom": work_headroom, "accelerate": work_accelerate, "lightning": work_lightning}
+def _log_records(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def _headroom_from_log(b: Bench, log: Path) -> None:
+    """OOMs, the micro-batch of each step and the last steps' peak, from headroom's log
+    (headroom resets VmHWM every step, so its own step peaks are the ones to read)."""
+    recs = _log_records(log)
+    mem = [r for r in recs if r["kind"] == "step_memory"]
+    ooms = [r for r in recs if r["kind"] == "oom"]
+    b.res["sizes"] = [r["micro_batch"] for r in mem]
+    b.res["ooms"] = len(ooms)
+    b.res["oom_errors"] = [
+        f"step {r['step']} mb {r['micro_batch']} -> {r['retry_with']}: {r['error'][:120]}"
+        for r in ooms
+    ]
+    b.res["peak"] = max(r["peak_bytes"] for r in mem[-b.args.peak_steps :])
+    b.res["log"] = str(log)
+
+
+def work_lightning_headroom(b: Bench) -> None:
+    """The same Lightning fit with headroom adaptive: an AdaptiveModule (manual
+    optimization, run.backward with manual_backward) and the Adaptive callback, one
+    loader batch of --effective samples per optimizer step."""
+    import logging
+    import warnings
+
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import headroom.lightning
+
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    logging.getLogger("lightning.fabric").setLevel(logging.ERROR)
+    xs = torch.cat([x for x, _ in b.train])
+    ys = torch.cat([y for _, y in b.train])
+    loader = DataLoader(TensorDataset(xs, ys), batch_size=b.E, shuffle=False)
+
+    class Module(headroom.lightning.AdaptiveModule):
+        def __init__(self, model, opt):
+            super().__init__()
+            self.model = model
+            self.opt = opt
+
+        def micro_batch_loss(self, batch):
+            return self.model.loss(batch)
+
+        def configure_optimizers(self):
+            return self.opt
+
+    class Meter(pl.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            b.res["step_end"].append(time.perf_counter())
+            loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+            b.res["losses"].append(float(loss))
+
+    log = Path(tempfile.mkdtemp(prefix="headroom-peers-")) / "run.jsonl"
+    cb = headroom.lightning.Adaptive(
+        "peers-lightning-headroom",
+        micro_batch=b.args.start,
+        memory_budget=str(b.budget),
+        hard_limit=True,
+        log=log,
+    )
+    trainer = pl.Trainer(
+        max_steps=b.args.steps,
+        callbacks=[cb, Meter()],
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tempfile.mkdtemp(prefix="lightning-peers-"),
+        num_sanity_val_steps=0,
+    )
+    trainer.fit(Module(b.model, b.opt), loader)
+    _headroom_from_log(b, log)
+
+
+class _HFWindows(torch.utils.data.Dataset):
+    """The steps' windows in order, as the Trainer takes them (the model shifts the
+    labels itself)."""
+
+    def __init__(self, batches):
+        self.x = torch.cat([x for x, _ in batches])
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.x[i], "labels": self.x[i]}
+
+
+def _hf_trainer(b: Bench, per_device: int, **kw):
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+
+    class Meter(transformers.TrainerCallback):
+        def on_step_begin(self, args, state, control, **k):
+            if b.peak_window(state.global_step):
+                reset_hwm()
+
+        def on_step_end(self, args, state, control, **k):
+            b.res["step_end"].append(time.perf_counter())
+
+        def on_log(self, args, state, control, logs=None, **k):
+            if logs and "loss" in logs:
+                b.res["losses"].append(float(logs["loss"]))
+
+    args = transformers.TrainingArguments(
+        output_dir=tempfile.mkdtemp(prefix="hf-peers-"),
+        per_device_train_batch_size=per_device,
+        max_steps=b.args.steps,
+        lr_scheduler_type="constant",  # the optimizer's own lr, as every contender
+        max_grad_norm=0.0,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        dataloader_num_workers=0,
+        seed=b.args.seed,
+        disable_tqdm=True,
+        **kw,
+    )
+    return transformers.Trainer(
+        model=b.model,
+        args=args,
+        train_dataset=_HFWindows(b.train),
+        optimizers=(b.opt, None),
+        callbacks=[Meter()],
+    )
+
+
+def work_hf_auto(b: Bench) -> None:
+    """transformers.Trainer(auto_find_batch_size=True): accelerate's
+    find_executable_batch_size around the Trainer's inner loop, which cuts the
+    per-device batch (×0.9, accelerate's default) after an OOM and starts the loop over
+    (the completed steps' updates stay in the model; the step count and the data order
+    start again; the effective batch is the smaller per-device batch)."""
+    trainer = _hf_trainer(b, b.args.start, auto_find_batch_size=True)
+    attempts: list[int] = []
+    inner = trainer._inner_training_loop
+
+    def counted(batch_size=None, *a, **k):
+        attempts.append(batch_size)
+        b.res["final_attempt_t"] = time.perf_counter()
+        for key in ("step_end", "losses"):
+            b.res[key].clear()
+        try:
+            return inner(batch_size, *a, **k)
+        except Exception as e:
+            b.res["oom_errors"].append(f"bs {batch_size}: {oom_text(e)}")
+            raise
+
+    trainer._inner_training_loop = counted
+    b.cap_now()
+    trainer.train()
+    b.res["attempts"] = attempts
+    b.res["ooms"] = b.res["restarts"] = len(attempts) - 1
+    b.res["sizes"] = [attempts[-1]] * len(b.res["step_end"])
+    b.res["effective_got"] = attempts[-1]
+    b.res["peak"] = hwm()
+
+
+def work_hf_headroom(b: Bench) -> None:
+    """The same Trainer with headroom.hf.adapt: the per-device batch is the effective
+    batch, cut into micro-batches that grow and shrink; an OOM is retried mid-step."""
+    import headroom.hf
+
+    trainer = _hf_trainer(b, b.E)
+    log = Path(tempfile.mkdtemp(prefix="headroom-peers-")) / "run.jsonl"
+    headroom.hf.adapt(
+        trainer,
+        name="peers-hf-headroom",
+        micro_batch=b.args.start,
+        memory_budget=str(b.budget),
+        hard_limit=True,
+        log=log,
+    )
+    trainer.train()
+    _headroom_from_log(b, log)
+
+
+WORKERS = {
+    "headroom": work_headroom,
+    "accelerate": work_accelerate,
+    "lightning": work_lightning,
+    "lightning-headroom": work_lightning_headroom,
+    "hf-auto": work_hf_auto,
+    "hf-headroom": work_hf_headroom,
+}
 
 
 def worker(args) -> int:
@@ -464,6 +674,12 @@ def main() -> int:
     ap.add_argument("--n-layer", type=int, default=4)
     ap.add_argument("--n-embd", type=int, default=128)
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument(
+        "--model",
+        default="gpt",
+        choices=("gpt", "gpt2"),
+        help="gpt: the example's GPT; gpt2: transformers' GPT2LMHeadModel of the same shape",
+    )
     ap.add_argument("--lightning-mode", default="power", choices=("power", "binsearch"))
     ap.add_argument("--lightning-init", type=int, default=2)
     ap.add_argument("--contenders", default="headroom,accelerate,lightning")
@@ -515,7 +731,7 @@ def main() -> int:
 
     print()
     head = (
-        f"{'contender':<11}{'OOMs':>5}{'restarts':>9}{'settled@':>9}{'settle s':>9}{'final mb':>9}"
+        f"{'contender':<19}{'OOMs':>5}{'restarts':>9}{'settled@':>9}{'settle s':>9}{'final mb':>9}"
         f"{'eff.':>6}{'peak/budget':>12}{'samples/s':>10}{'wall s':>8}"
         f"{'loss@' + str(args.steps):>9}{'val loss':>9}"
     )
@@ -532,7 +748,7 @@ def main() -> int:
         sps = f"{sm['sps']:.1f}" if sm["sps"] else "-"
         settle = f"{sm['settle_s']:.1f}" if sm["settle_s"] is not None else "-"
         print(
-            f"{r['contender']:<11}{r.get('ooms', '-'):>5}{r.get('restarts', '-'):>9}"
+            f"{r['contender']:<19}{r.get('ooms', '-'):>5}{r.get('restarts', '-'):>9}"
             f"{sm['settled'] if sm['settled'] else '-':>9}{settle:>9}{sm['final_mb'] or '-':>9}"
             f"{r['effective']:>6}{share:>12}{sps:>10}{r.get('wall_s', r['process_s']):>8.1f}"
             f"{last:>9}{vl:>9}" + ("" if r.get("ok") else f"   FAILED after {done} steps")

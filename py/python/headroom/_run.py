@@ -368,6 +368,8 @@ class Run:
         samples: int | None = None,
         seq_len: int | None = None,
         reduction: str = "mean",
+        backward: Callable[[torch.Tensor], Any] | None = None,
+        scaler: Any = None,
     ) -> float:
         """Forward and backward over `batch` in the controller's micro-batches; the
         gradients then equal one full-batch backward's. Returns the batch's loss.
@@ -377,6 +379,11 @@ class Run:
         a loss already normalised over the whole batch (`reduction="sum"`, added as is).
         An out-of-memory error anywhere in forward or backward is caught: the samples not
         yet done are retried smaller, the completed micro-batches' gradients kept.
+
+        `backward(weighted_loss)` runs each micro-batch's backward in place of
+        ``weighted_loss.backward()`` (Fabric: ``fabric.backward``; Lightning:
+        ``self.manual_backward``); `scaler`, a ``torch.amp.GradScaler``, scales each
+        micro-batch's weighted loss before it (give the same scaler to :meth:`step`).
         """
         if not self._adaptive:
             raise RunError(
@@ -422,7 +429,7 @@ class Run:
         try:
             with job.no_sync() if job is not None else contextlib.nullcontext():
                 total, mb, predicted = self._accumulate(
-                    batch, loss_fn, cut, n, seq, step, mb, reduction
+                    batch, loss_fn, cut, n, seq, step, mb, reduction, backward, scaler
                 )
             value = float(total)
             if not math.isfinite(value):
@@ -445,7 +452,9 @@ class Run:
         self._accumulated = (step, mb, seq, n, t0, value, predicted)
         return value
 
-    def _accumulate(self, batch, loss_fn, cut, n: int, seq: int, step: int, mb: int, reduction):
+    def _accumulate(
+        self, batch, loss_fn, cut, n: int, seq: int, step: int, mb: int, reduction, backward, scaler
+    ):
         """The micro-batches of one step, forward and backward, with out-of-memory errors
         caught and the remaining samples retried smaller; returns the weighted loss, the
         micro-batch it ended at and the memory predicted for it."""
@@ -463,7 +472,7 @@ class Run:
                 _check_loss(loss, step, start, end)
                 weight = (end - start) / n if reduction == "mean" else 1.0
                 in_backward = True
-                (loss * weight).backward()
+                _backward_of(loss * weight, backward, scaler)
                 total += loss.detach() * weight
             except Exception as e:
                 if not _torch.is_oom(e, capped=self._hard_limit):
@@ -507,10 +516,14 @@ class Run:
         *,
         zero_grad: bool = True,
         grad_norm: float | None = None,
+        scaler: Any = None,
     ) -> None:
         """Ends an adaptive step: ``optimizer.step()`` (all or nothing under an OOM),
         ``optimizer.zero_grad()``, the step's peak to the controller, then the
-        dashboard's commands (pause waits here)."""
+        dashboard's commands (pause waits here). With `scaler` (the GradScaler given to
+        :meth:`backward`): ``scaler.step(optimizer)`` and ``scaler.update()``; a step it
+        skips for inf/NaN gradients is said on the dashboard and not fed to the
+        controller (its peak lacks the optimizer's update)."""
         if self._accumulated is None:
             raise RunError(
                 "run.step(optimizer) without run.backward(batch, loss_fn) before it: there "
@@ -523,16 +536,20 @@ class Run:
             if advice:
                 self.notice(advice, level="warn")
         try:
-            self._optimizer_step(optimizer, step)
+            self._optimizer_step(optimizer, step, scaler)
         except BaseException as e:
             if self._job is not None:
                 self._job_fail(step, e)
             raise
+        skipped = _scaler_update(scaler, optimizer)
         if zero_grad:
             optimizer.zero_grad(set_to_none=True)
         self._accumulated = None
         peak = self._meter.peak()
-        next_mb, free = self._native.observe(step, mb, seq, peak, predicted_bytes=predicted)
+        if skipped:
+            next_mb, free = self._say_skipped(step, skipped), False
+        else:
+            next_mb, free = self._native.observe(step, mb, seq, peak, predicted_bytes=predicted)
         if free:
             _torch.free_memory(self.device)
         dt = time.perf_counter() - t0
@@ -543,7 +560,7 @@ class Run:
             self._job_note(next_mb, peak, dt, value)
         self._boundary()
 
-    def _optimizer_step(self, optimizer: torch.optim.Optimizer, step: int) -> None:
+    def _optimizer_step(self, optimizer: torch.optim.Optimizer, step: int, scaler=None) -> None:
         """optimizer.step(), retried after an OOM that changed nothing it cannot restore.
 
         What an optimizer changes in place is visible in the tensors' version counters:
@@ -554,7 +571,10 @@ class Run:
         for attempt in range(3):
             snapshot = _OptimizerSnapshot(optimizer)
             try:
-                optimizer.step()
+                if scaler is None:
+                    optimizer.step()
+                else:
+                    scaler.step(optimizer)
                 return
             except Exception as e:
                 if not _torch.is_oom(e, capped=self._hard_limit):
@@ -581,6 +601,16 @@ class Run:
                 source="memory",
             )
         raise OutOfMemory(f"step {step}: optimizer.step() ran out of memory three times")
+
+    def _say_skipped(self, step: int, scales: tuple[float, float]) -> int:
+        """Says the scaler skipped `step`; the micro-batch stays as it is."""
+        self._native.notice_text(
+            f"step {step}: the GradScaler skipped the optimizer step (inf/NaN gradients); "
+            f"loss scale {scales[0]:g} → {scales[1]:g}; not fed to the memory controller",
+            level="warn",
+            source="python",
+        )
+        return self._native.micro_batch
 
     def _grad_versions(self) -> list:
         return [None if p.grad is None else (id(p.grad), p.grad._version) for p in self._params]
@@ -820,6 +850,31 @@ class _OptimizerSnapshot:
         for p in self.stateless:
             self.opt.state.pop(p, None)
         return True
+
+
+def _backward_of(weighted: torch.Tensor, backward: Callable | None, scaler: Any) -> None:
+    """One micro-batch's backward: the loss scaled per micro-batch when a GradScaler is
+    given (scaling is linear, so the scaled sum is the scaled full-batch loss), then the
+    user's backward (a framework's, carrying its precision and strategy) or autograd's."""
+    if scaler is not None:
+        weighted = scaler.scale(weighted)
+    if backward is None:
+        weighted.backward()
+    else:
+        backward(weighted)
+
+
+def _scaler_update(scaler: Any, optimizer: torch.optim.Optimizer) -> tuple[float, float] | None:
+    """``scaler.update()`` after its step; the loss scale before and after when the step
+    was skipped for inf/NaN gradients (None when it was taken, or with no scaler)."""
+    if scaler is None:
+        return None
+    found_inf = scaler.is_enabled() and any(
+        v.item() for v in scaler._found_inf_per_device(optimizer).values()
+    )
+    before = scaler.get_scale()
+    scaler.update()
+    return (before, scaler.get_scale()) if found_inf else None
 
 
 def _opt(x: Any) -> float | None:

@@ -1,0 +1,310 @@
+"""headroom for the Hugging Face ``transformers.Trainer``: watch a run, or let headroom's
+controller choose its micro-batches. Needs transformers (``import headroom`` does not).
+
+    trainer = Trainer(model=model, args=args, train_dataset=ds,
+                      callbacks=[headroom.hf.Watch()])        # watch: one line
+    trainer = Trainer(model=model, args=args, train_dataset=ds)
+    headroom.hf.adapt(trainer)                                # adaptive: one line
+
+What `adapt` overrides and what it keeps: docs/PYTHON.md, "Hugging Face Trainer".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import types
+from typing import Any
+
+import torch
+
+try:
+    import transformers
+    from transformers import TrainerCallback
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "headroom.hf needs the transformers package (pip install transformers); "
+        "`import headroom` alone works without it"
+    ) from e
+
+from accelerate.utils import DistributedType
+
+from . import _batch
+from ._run import Run, RunError
+
+__all__ = ["Watch", "adapt"]
+
+
+class _SteppedByFramework:
+    """What `Run.step` is handed when the framework has already stepped the optimizer
+    itself: its step and zero_grad are the framework's, so here they do nothing; the
+    learning rate is the one the step used."""
+
+    def __init__(self, lr: float | None):
+        self.param_groups = [] if lr is None else [{"params": [], "lr": lr}]
+        self.state: dict = {}
+
+    def step(self) -> None:
+        pass
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+
+class _LossTap:
+    """The model's own loss (``outputs.loss``) over the forwards of one Trainer step,
+    read from a forward hook, so watching costs no extra computation. When the Trainer
+    passed ``num_items_in_batch`` (4.46+), each forward's loss is already a share of the
+    step's and they add up; otherwise each is a batch's mean and they average, as the
+    Trainer's own logged loss does."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.losses: list[torch.Tensor] = []
+        self.shares = False
+        self.samples = 0
+        self.seq_len = 1
+        self.handle = model.register_forward_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module, args, kwargs, output) -> None:
+        if not module.training:
+            return
+        loss = getattr(output, "loss", None)
+        if loss is None and isinstance(output, dict):
+            loss = output.get("loss")
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            self.losses.append(loss.detach())
+            self.shares = kwargs.get("num_items_in_batch") is not None
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if isinstance(ids, torch.Tensor) and ids.dim() >= 1:
+            self.samples += int(ids.shape[0])
+            self.seq_len = int(ids.shape[1]) if ids.dim() >= 2 else 1
+
+    def take(self) -> tuple[float | None, int, int]:
+        """The step's loss (None when the model returned none), samples and length."""
+        loss = None
+        if self.losses:
+            total = torch.stack(self.losses).sum()
+            loss = float(total if self.shares else total / len(self.losses))
+        out = (loss, self.samples, self.seq_len)
+        self.losses, self.samples = [], 0
+        return out
+
+
+class Watch(TrainerCallback):
+    """A ``TrainerCallback`` that puts the Trainer's run on headroom's stream.
+
+    Each optimizer step is reported (the model's loss, the samples, the learning rate,
+    the step's peak memory); the Trainer's logs and eval metrics reach the dashboard; the
+    dashboard's commands are carried out the Trainer's way: stop sets
+    ``control.should_training_stop`` with a save, checkpoint sets ``control.should_save``
+    (the Trainer's own ``checkpoint-N``, which ``resume_from_checkpoint`` loads), pause
+    waits at the step's end. Keyword arguments go to :class:`headroom.Run` (``name``,
+    ``log``, ``memory_budget``, ``thresholds``, ``listen``, …).
+    """
+
+    def __init__(self, name: str | None = None, **run_kwargs: Any):
+        self._name = name
+        self._run_kwargs = run_kwargs
+        self.run: Run | None = None
+        self._save_asked = False
+        self._lr: float | None = None
+        self._tap: _LossTap | None = None
+        self._last_loss: float | None = None
+
+    # ---- the run -------------------------------------------------------------------------
+
+    def _make_run(self, args, state, model, **extra) -> Run:
+        name = self._name or args.run_name or os.path.basename(os.path.normpath(args.output_dir))
+        kw = {"total_steps": int(state.max_steps or 0), **extra, **self._run_kwargs}
+        return Run(name or None, model=model, on_checkpoint=self._ask_checkpoint, **kw)
+
+    def _ask_checkpoint(self, step: int) -> None:
+        # The save itself is the Trainer's (at this step's end, as checkpoint-N, with the
+        # optimizer, scheduler and RNG states its resume needs); on_save tells the
+        # dashboard where it went.
+        self._save_asked = True
+
+    def _carry_out(self, control) -> None:
+        if self.run.should_stop:
+            control.should_training_stop = True
+            control.should_save = True
+        if self._save_asked:
+            self._save_asked = False
+            control.should_save = True
+
+    # ---- the Trainer's events --------------------------------------------------------------
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.run = self._make_run(args, state, model)
+        self._tap = _LossTap(model)
+
+    def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+        # The learning rate this step used (the scheduler moves it right after).
+        if optimizer is not None and optimizer.param_groups:
+            self._lr = optimizer.param_groups[0].get("lr")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        loss, samples, seq_len = self._tap.take()
+        if loss is None:
+            loss = self._last_loss if self._last_loss is not None else float("nan")
+        self.run.report(loss, samples=samples or None, seq_len=seq_len, lr=self._lr)
+        self._carry_out(control)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = logs or {}
+        if "loss" in logs:
+            self._last_loss = float(logs["loss"])
+            figures = ", ".join(
+                f"{k} {logs[k]:.4g}"
+                for k in ("loss", "grad_norm", "learning_rate", "epoch")
+                if isinstance(logs.get(k), (int, float))
+            )
+            self.run.notice(f"trainer step {state.global_step}: {figures}")
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        metrics = metrics or {}
+        if isinstance(metrics.get("eval_loss"), (int, float)):
+            self.run.eval(metrics["eval_loss"], train_loss=self._last_loss)
+
+    def on_save(self, args, state, control, **kwargs):
+        path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        if os.path.isdir(path):
+            self.run.checkpoint_saved(path)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self._tap is not None:
+            self._tap.handle.remove()
+        if self.run is not None:
+            self.run.finish()
+
+
+class _Adaptive(Watch):
+    """The callback half of :func:`adapt`: the run is adaptive, its steps are the
+    Trainer's batches (ended by the patched ``training_step`` or at the Trainer's step
+    end), and nothing is reported from a hook."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        per_device = int(args.per_device_train_batch_size)
+        total = int(state.max_steps or 0) * int(args.gradient_accumulation_steps)
+        kw = {"effective_batch": per_device, "total_steps": total}
+        self.run = self._make_run(args, state, model, **kw)
+
+    shares: bool | None = None  # whether the loss honours num_items_in_batch (probed once)
+
+    def end_step(self) -> None:
+        """Ends the run's step of the last batch: at the next batch of the same optimizer
+        step (the Trainer's own accumulation), or once the Trainer stepped (so its peak
+        holds the optimizer's update)."""
+        run = self.run
+        if run is not None and run._accumulated is not None:
+            run.step(_SteppedByFramework(self._lr), zero_grad=False)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.end_step()
+        self._carry_out(control)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.end_step()
+        super().on_train_end(args, state, control, **kwargs)
+
+
+def adapt(trainer: transformers.Trainer, **run_kwargs: Any) -> transformers.Trainer:
+    """Lets headroom's controller choose the Trainer's micro-batches.
+
+    ``per_device_train_batch_size`` becomes the batch each of the Trainer's steps learns
+    from (its effective batch); headroom cuts each such batch into micro-batches that
+    grow while memory allows and shrink before it runs out, and an out-of-memory error in
+    forward or backward is retried smaller within the step, without a restart. Overridden:
+    the instance's ``training_step`` (its body is the Trainer's: the same
+    ``compute_loss``, loss normalisation and ``accelerator.backward``, per micro-batch).
+    Kept: the Trainer's own gradient accumulation, mixed precision, clipping, optimizer
+    and LR schedule, logging, evaluation, checkpoints and ``resume_from_checkpoint``.
+    Keyword arguments go to :class:`headroom.Run` (``micro_batch`` to start from,
+    ``memory_budget``, ``hard_limit``, ``log``, …). Returns the trainer.
+    """
+    if getattr(trainer, "_headroom", None) is not None:
+        raise RunError("headroom.hf.adapt(trainer) was already called on this trainer")
+    if trainer.args.auto_find_batch_size:
+        raise RunError(
+            "headroom.hf.adapt: auto_find_batch_size=True would restart the loop at a smaller "
+            "per-device batch after an OOM; headroom recovers within the step instead. Set "
+            "auto_find_batch_size=False"
+        )
+    if trainer.args.world_size > 1:
+        raise RunError(
+            f"headroom.hf.adapt under {trainer.args.world_size} ranks: the Trainer's own DDP "
+            "wrapper and headroom's synchronised accumulation are not joined yet; watch each "
+            "rank with callbacks=[headroom.hf.Watch()] instead"
+        )
+    if str(trainer.args.optim).lower().endswith("lomo"):
+        raise RunError(
+            "headroom.hf.adapt: the LOMO optimizers update the parameters inside backward, "
+            "which cannot be split into micro-batches; use another optimizer"
+        )
+    cb = _Adaptive(**run_kwargs)
+    trainer.add_callback(cb)
+    trainer._headroom = cb
+    trainer.training_step = types.MethodType(_training_step, trainer)
+    return trainer
+
+
+def _training_step(self, model, inputs, num_items_in_batch=None):
+    """``Trainer.training_step`` with the batch cut into the controller's micro-batches.
+
+    Each micro-batch's loss is the Trainer's: ``compute_loss`` with the same
+    ``num_items_in_batch`` (so a token-normalised loss is a share of the whole batch's
+    and the shares add up: ``reduction="sum"``), or, where the Trainer divides a batch's
+    mean by its accumulation steps, that mean weighted by the micro-batch's share.
+    """
+    cb: _Adaptive = self._headroom
+    cb.end_step()
+    cp_context = contextlib.nullcontext
+    if hasattr(self, "_prepare_context_parallel_inputs"):
+        cp_context, inputs = self._prepare_context_parallel_inputs(model, inputs)
+    with cp_context():
+        model.train()
+        if hasattr(self.optimizer, "train") and callable(self.optimizer.train):
+            self.optimizer.train()
+        inputs = self._prepare_inputs(inputs)
+        scaled = getattr(self, "loss_is_scaled_for_ga", None)
+        if scaled is None:
+            scaled = (
+                self.model_accepts_loss_kwargs and num_items_in_batch is not None
+            ) or self.compute_loss_func is not None
+        backward_kwargs = {}
+        if self.accelerator.distributed_type == DistributedType.DEEPSPEED:
+            backward_kwargs["scale_wrt_gas"] = False
+
+        def loss_fn(mb, n_items=num_items_in_batch):
+            with self.compute_loss_context_manager():
+                loss = self.compute_loss(model, mb, num_items_in_batch=n_items)
+            if self.args.n_gpu > 1:
+                loss = loss.mean()
+            return loss if scaled else loss / self.current_gradient_accumulation_steps
+
+        if cb.shares is None:
+            cb.shares = num_items_in_batch is not None and _loss_is_a_share(loss_fn, inputs)
+        value = cb.run.backward(
+            inputs,
+            loss_fn,
+            reduction="sum" if cb.shares and num_items_in_batch is not None else "mean",
+            backward=lambda loss: self.accelerator.backward(loss, **backward_kwargs),
+        )
+    return torch.tensor(value, device=self.args.device)
+
+
+def _loss_is_a_share(loss_fn, inputs) -> bool:
+    """Whether the model's loss divides by ``num_items_in_batch`` (a causal LM's does:
+    each micro-batch's loss is then its share of the batch's, and they add up) or ignores
+    it (a sequence classifier's mean: then each is weighted by its share of the samples).
+    The Trainer passes the count to any model whose forward takes ``**kwargs`` and cannot
+    tell; one sample's loss under two counts can. No gradient, and the RNG is restored,
+    so dropout's masks are those of a run without the probe."""
+    one = _batch.take(inputs, 0, 1)
+    devices = sorted({t.device.index or 0 for _, t in _batch._leaves(one, "b") if t.is_cuda})
+    with torch.no_grad():
+        with torch.random.fork_rng(devices=devices):
+            a = float(loss_fn(one, n_items=1))
+        with torch.random.fork_rng(devices=devices):
+            b = float(loss_fn(one, n_items=2))
+    return abs(a - 2 * b) <= 1e-3 * abs(a) and a != b

@@ -1,0 +1,186 @@
+"""headroom for PyTorch Lightning: watch a fit, or let headroom's controller choose a
+LightningModule's micro-batches. Needs lightning (``import headroom`` does not).
+
+    trainer = L.Trainer(..., callbacks=[headroom.lightning.Watch()])     # watch
+
+    class LM(headroom.lightning.AdaptiveModule):                        # adaptive
+        def micro_batch_loss(self, batch):                               # a micro-batch's
+            x, y = batch                                                 # mean loss
+            return F.cross_entropy(self(x), y)
+    trainer = L.Trainer(..., callbacks=[headroom.lightning.Adaptive()])
+
+Fabric needs neither: ``run.backward(batch, loss_fn, backward=fabric.backward)`` and
+``run.step(optimizer)`` with Fabric's optimizer. docs/PYTHON.md, "PyTorch Lightning".
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+try:
+    import lightning.pytorch as pl
+except ImportError:  # pragma: no cover - depends on the environment
+    try:
+        import pytorch_lightning as pl
+    except ImportError as e:
+        raise ImportError(
+            "headroom.lightning needs the lightning package (pip install lightning); "
+            "`import headroom` alone works without it"
+        ) from e
+
+from . import _batch
+from ._run import Run, RunError
+
+__all__ = ["Adaptive", "AdaptiveModule", "Watch"]
+
+
+class Watch(pl.Callback):
+    """A Lightning ``Callback`` that puts the fit on headroom's stream.
+
+    Each training batch is reported (the loss ``training_step`` returned, its samples,
+    the learning rate, the batch's peak memory); validation losses logged as
+    ``val_loss`` reach the dashboard; its commands are carried out Lightning's way: stop
+    sets ``trainer.should_stop`` after a ``trainer.save_checkpoint``, checkpoint calls
+    ``trainer.save_checkpoint`` (loaded by ``trainer.fit(..., ckpt_path=…)``), pause waits
+    at the batch's end. Checkpoints go to ``dirpath`` (default: the trainer's
+    ``default_root_dir``) as ``headroom-step=N.ckpt``. Keyword arguments go to
+    :class:`headroom.Run`.
+    """
+
+    def __init__(self, name: str | None = None, dirpath: str | None = None, **run_kwargs: Any):
+        self._name = name
+        self._dirpath = dirpath
+        self._run_kwargs = run_kwargs
+        self.run: Run | None = None
+        self._save_asked = False
+
+    def _make_run(self, trainer, pl_module, **extra) -> Run:
+        total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else 0
+        kw = {"total_steps": int(total), **extra, **self._run_kwargs}
+        return Run(self._name, model=pl_module, on_checkpoint=self._ask_checkpoint, **kw)
+
+    def _ask_checkpoint(self, step: int) -> None:
+        # Saved at the batch's end by the trainer itself (as ModelCheckpoint does), so
+        # the checkpoint holds the loops' progress its resume needs.
+        self._save_asked = True
+
+    def _carry_out(self, trainer) -> None:
+        if self.run.should_stop:
+            trainer.should_stop = True
+        if self._save_asked:
+            self._save_asked = False
+            path = os.path.join(
+                self._dirpath or trainer.default_root_dir,
+                f"headroom-step={trainer.global_step}.ckpt",
+            )
+            trainer.save_checkpoint(path)
+            self.run.checkpoint_saved(path)
+
+    def on_train_start(self, trainer, pl_module):
+        self.run = self._make_run(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is None:
+            loss = float("nan")
+        try:
+            samples, seq_len = _batch.size_of(batch), _batch.seq_len_of(batch)
+        except _batch.BatchError:
+            samples, seq_len = None, 1
+        lr = None
+        if trainer.optimizers and trainer.optimizers[0].param_groups:
+            lr = trainer.optimizers[0].param_groups[0].get("lr")
+        self.run.report(loss, samples=samples, seq_len=seq_len, lr=lr)
+        self._carry_out(trainer)
+
+    def on_validation_end(self, trainer, pl_module):
+        val = trainer.callback_metrics.get("val_loss")
+        if self.run is not None and val is not None and not trainer.sanity_checking:
+            self.run.eval(val)
+
+    def on_train_end(self, trainer, pl_module):
+        if self.run is not None:
+            self.run.finish()
+
+    def on_exception(self, trainer, pl_module, exception):
+        if self.run is not None:
+            self.run.fail(f"{type(exception).__name__}: {exception}")
+
+
+class Adaptive(Watch):
+    """The callback of an adaptive fit: creates an adaptive :class:`headroom.Run` for the
+    module (``pl_module.headroom``), whose ``training_step`` steps it (an
+    :class:`AdaptiveModule` does), and carries out the dashboard's commands Lightning's
+    way as :class:`Watch` does. ``effective_batch`` defaults to the train loader's
+    ``batch_size``: each batch is one optimizer step, cut into micro-batches.
+    """
+
+    def __init__(self, name=None, dirpath=None, effective_batch: int | None = None, **run_kwargs):
+        super().__init__(name, dirpath, **run_kwargs)
+        self._effective = effective_batch
+
+    def on_train_start(self, trainer, pl_module):
+        if pl_module.automatic_optimization:
+            raise RunError(
+                "headroom.lightning.Adaptive needs manual optimization (the module's "
+                "training_step calls run.backward and run.step): subclass "
+                "headroom.lightning.AdaptiveModule, or set self.automatic_optimization = False"
+            )
+        if trainer.world_size > 1:
+            raise RunError(
+                f"headroom.lightning.Adaptive under {trainer.world_size} ranks: Lightning's DDP "
+                "strategy and headroom's synchronised accumulation are not joined yet; watch "
+                "each rank with headroom.lightning.Watch() instead"
+            )
+        effective = self._effective or getattr(trainer.train_dataloader, "batch_size", None)
+        if not effective:
+            raise RunError(
+                "headroom.lightning.Adaptive(effective_batch=N): the train loader has no "
+                "batch_size to take the effective batch from"
+            )
+        self.run = self._make_run(trainer, pl_module, effective_batch=int(effective))
+        pl_module.headroom = self.run
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self._carry_out(trainer)
+
+
+class AdaptiveModule(pl.LightningModule):
+    """A LightningModule whose batches headroom cuts into micro-batches.
+
+    Define ``micro_batch_loss(batch)`` (a micro-batch's mean loss) instead of
+    ``training_step``, and ``configure_optimizers`` as usual; train with the
+    :class:`Adaptive` callback. Manual optimization (Lightning's own seam for it):
+    ``run.backward`` with ``self.manual_backward`` (so precision plugins and strategies
+    apply), ``run.step`` with the LightningOptimizer, then the LR scheduler once per
+    optimizer step. Lightning's ``accumulate_grad_batches`` and ``gradient_clip_val`` are
+    automatic-optimization features; clip in ``before_optimizer_step`` if you need it.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.headroom: Run | None = None
+
+    def micro_batch_loss(self, batch: Any) -> torch.Tensor:
+        raise NotImplementedError("define micro_batch_loss(batch): a micro-batch's mean loss")
+
+    def training_step(self, batch, batch_idx):
+        run = self.headroom
+        if run is None:
+            raise RunError(
+                "this AdaptiveModule has no headroom run: add headroom.lightning.Adaptive() "
+                "to the Trainer's callbacks"
+            )
+        opt = self.optimizers()
+        loss = run.backward(batch, self.micro_batch_loss, backward=self.manual_backward)
+        run.step(opt)
+        sched = self.lr_schedulers()
+        if sched is not None:
+            sched.step()
+        loss = torch.tensor(loss)
+        self.log("train_loss", loss, prog_bar=True, batch_size=_batch.size_of(batch))
+        return loss

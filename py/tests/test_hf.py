@@ -1,0 +1,228 @@
+"""headroom.hf with the real transformers.Trainer (tiny models from a config, random
+weights, nothing downloaded): the watch callback on the stream with the dashboard's
+commands carried out the Trainer's way, the adaptive Trainer learning what a
+fixed-batch Trainer learns, a real OOM under a hard cap recovered without a restart,
+and `import headroom` with neither framework installed."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import transformers  # noqa: E402
+from hf_models import Samples, tiny_bert, tiny_gpt2, training_args  # noqa: E402
+
+import headroom  # noqa: E402
+import headroom.hf  # noqa: E402
+from headroom import _torch  # noqa: E402
+
+from conftest import Viewer, kinds, records, spawn  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+REL = 1e-5
+
+
+def test_import_headroom_needs_neither_framework():
+    code = (
+        "import sys\n"
+        "for m in ('transformers', 'lightning', 'pytorch_lightning', 'accelerate'):\n"
+        "    sys.modules[m] = None  # an import of it now fails, as if not installed\n"
+        "import headroom\n"
+        "run = headroom.Run('bare'); run.report(1.0); run.finish()\n"
+        "for mod in ('headroom.hf', 'headroom.lightning'):\n"
+        "    try:\n"
+        "        __import__(mod)\n"
+        "    except ImportError as e:\n"
+        "        print(mod, 'refused:', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "headroom.hf refused: headroom.hf needs the transformers package" in out.stdout
+    assert "headroom.lightning refused: headroom.lightning needs the lightning" in out.stdout
+
+
+def _params(model):
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def _same(ref: dict, got: dict, rel=REL):
+    assert ref.keys() == got.keys()
+    for k in ref:
+        if k.endswith("attention.self.key.bias"):
+            # Its gradient is zero in exact arithmetic (softmax ignores a shift shared by
+            # every key), so it holds rounding noise of ~1e-9 whatever the batching.
+            assert ref[k].abs().max() < 1e-6 and got[k].abs().max() < 1e-6
+            continue
+        a, b = ref[k], got[k]
+        scale = max(a.abs().max().item(), b.abs().max().item(), 1e-12)
+        d = (a - b).abs().max().item() / scale
+        assert d <= rel, f"{k}: relative difference {d:.2e}"
+
+
+@pytest.mark.parametrize(
+    "make, kind",
+    [(tiny_gpt2, "lm"), (tiny_bert, "cls")],
+    ids=["gpt2-token-normalised", "bert-mean"],
+)
+def test_the_adaptive_trainer_learns_what_a_fixed_batch_trainer_learns(tmp_path, make, kind):
+    ds = Samples(48, kind=kind)
+    # Its own accumulation (2 batches per optimizer step), clipping and the LR schedule
+    # kept; 8 samples cut into micro-batches of 3 (an uneven last one), and two of the
+    # forwards fail with a real allocator error.
+    args = dict(gradient_accumulation_steps=2, max_grad_norm=0.5, max_steps=3)
+    model_ref = make()
+    model = copy.deepcopy(model_ref)
+    ref = transformers.Trainer(
+        model=model_ref, args=training_args(tmp_path / "ref", **args), train_dataset=ds
+    )
+    ref_out = ref.train()
+    calls = {"n": 0}
+
+    def fail_some(module, inputs):
+        if not torch.is_grad_enabled():
+            return  # adapt's one-sample probe of the loss's normalisation
+        calls["n"] += 1
+        if calls["n"] in (2, 9):
+            _torch.provoke_oom(torch.device("cpu"))
+
+    hook = model.get_input_embeddings().register_forward_pre_hook(fail_some)
+    log = tmp_path / "adapt.jsonl"
+    trainer = transformers.Trainer(
+        model=model, args=training_args(tmp_path / "adapt", **args), train_dataset=ds
+    )
+    headroom.hf.adapt(trainer, micro_batch=3, log=log)
+    out = trainer.train()
+    hook.remove()
+    assert trainer.state.global_step == 3
+    assert len(kinds(log, "oom")) == 2
+    sizes = {m["micro_batch"] for m in kinds(log, "step_memory")}
+    assert min(sizes) < 8, "the batches were never cut"
+    assert abs(out.training_loss - ref_out.training_loss) <= REL * abs(ref_out.training_loss)
+    _same(_params(model_ref), _params(model))
+
+
+def _steer(cb_run, commands, answers, errors):
+    """On a thread: waits for the run, then sends `commands` after its third step."""
+    try:
+        deadline = time.monotonic() + 60
+        while cb_run() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        v = Viewer(cb_run().socket)
+        v.until(lambda r: r["kind"] == "step" and r["step"] >= 3)
+        for c in commands:
+            v.command(c)
+            answers[c] = v.until(
+                lambda r, c=c: (
+                    (r["kind"] == "command_applied" and r["command"]["command"] == c)
+                    or (c == "stop" and r["kind"] == "status" and r["status"] == "stopping")
+                )
+            )
+        v.until(lambda r: r["kind"] == "finished")
+    except Exception as e:  # pragma: no cover - reported by the test
+        errors.append(e)
+
+
+@pytest.mark.parametrize("mode", ["watch", "adapt"])
+def test_the_dashboards_checkpoint_and_stop_go_through_the_trainers_save_and_resume(tmp_path, mode):
+    ds = Samples(400)
+    log = tmp_path / "run.jsonl"
+    out = tmp_path / "out"
+    model = tiny_gpt2()
+    args = training_args(out, max_steps=200, per_device_train_batch_size=4)
+    if mode == "watch":
+        cb = headroom.hf.Watch(log=log)
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=ds, callbacks=[cb])
+    else:
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=ds)
+        cb = headroom.hf.adapt(trainer, log=log)._headroom
+
+    def slow(*a, **k):
+        time.sleep(0.02)  # steps slow enough for the viewer to act mid-run
+
+    trainer.add_callback(type("Slow", (transformers.TrainerCallback,), {"on_step_end": slow}))
+    answers, errors = {}, []
+    t = threading.Thread(
+        target=_steer, args=(lambda: cb.run, ["checkpoint", "stop"], answers, errors)
+    )
+    t.start()
+    trainer.train()
+    t.join(timeout=60)
+    assert not errors, errors
+    stopped_at = trainer.state.global_step
+    assert 3 <= stopped_at < 200, "the stop did not end the Trainer's loop"
+    recs = records(log)
+    assert recs[-1]["kind"] == "finished" and recs[-1]["stopped_by_user"]
+    saved = sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
+    # The asked checkpoint, and the stop's save at the last step: the Trainer's own.
+    assert len(saved) == 2 and saved[-1] == stopped_at, saved
+    told = [r["path"] for r in recs if r["kind"] == "checkpoint_saved"]
+    assert told == [str(out / f"checkpoint-{s}") for s in saved], told
+    steps = kinds(log, "step")
+    assert steps[-1]["loss"] > 0 and steps[-1]["lr"] is not None
+    # The Trainer's own resume takes the stop's checkpoint up.
+    again = transformers.Trainer(
+        model=tiny_gpt2(seed=5),
+        args=training_args(out, max_steps=stopped_at + 2, per_device_train_batch_size=4),
+        train_dataset=ds,
+    )
+    again.train(resume_from_checkpoint=str(out / f"checkpoint-{stopped_at}"))
+    assert again.state.global_step == stopped_at + 2
+
+
+def test_watch_streams_the_trainers_figures(tmp_path):
+    log = tmp_path / "watch.jsonl"
+    ds = Samples(64)
+    eval_ds = Samples(16, seed=1)
+    args = training_args(
+        tmp_path / "out",
+        max_steps=6,
+        gradient_accumulation_steps=2,
+        per_device_train_batch_size=4,
+        eval_strategy="steps",
+        eval_steps=3,
+        logging_steps=2,
+    )
+    cb = headroom.hf.Watch("hf-watch", log=log)
+    trainer = transformers.Trainer(
+        model=tiny_gpt2(), args=args, train_dataset=ds, eval_dataset=eval_ds, callbacks=[cb]
+    )
+    trainer.train()
+    steps = kinds(log, "step")
+    assert [s["step"] for s in steps] == list(range(1, 7))
+    # Two batches of 4 per optimizer step; the loss is the model's own, from its output.
+    assert all(s["effective_batch"] == 8 and s["seq_len"] == 16 for s in steps)
+    logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(logged) == 3
+    ours = [s["loss"] for s in steps]
+    pairs = [(ours[0] + ours[1]) / 2, (ours[2] + ours[3]) / 2, (ours[4] + ours[5]) / 2]
+    assert pairs == pytest.approx(logged, rel=1e-3)
+    assert [e["step"] for e in kinds(log, "eval")] == [3, 6]
+    assert all(m["peak_bytes"] > 0 for m in kinds(log, "step_memory"))
+    assert any("trainer step 2: loss" in n["text"] for n in kinds(log, "notice"))
+    assert records(log)[-1]["kind"] == "finished"
+
+
+def test_the_adaptive_trainer_recovers_a_real_oom_under_a_hard_cap(tmp_path):
+    log = tmp_path / "capped.jsonl"
+    p = spawn([str(HERE / "hf_capped.py"), "--log", str(log), "--out", str(tmp_path / "o")])
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    ooms = kinds(log, "oom")
+    assert ooms and ooms[0]["micro_batch"] == result["per_device"], ooms
+    assert "allocate" in ooms[0]["error"] or "primitive" in ooms[0]["error"]
+    # One train() call reached its last step: the OOM cost no restart.
+    assert result["global_step"] == result["max_steps"], "the Trainer did not finish"
+    mem = kinds(log, "step_memory")
+    assert all(m["usage"] < 1.0 for m in mem[-3:]), [m["usage"] for m in mem]
+    assert records(log)[-1]["kind"] == "finished"
