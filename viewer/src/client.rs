@@ -14,7 +14,7 @@ use headroom_core::protocol::{
 use headroom_core::{BadRecord, Command, Level, Notice, Record, Telemetry};
 use headroom_ui::feed::{Control, Feed, Link};
 
-use crate::conn::{read_line_limited, send_line, Conn, Target};
+use headroom_host::conn::{read_line_limited, send_line, Conn, Target};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
