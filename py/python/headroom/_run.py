@@ -135,7 +135,9 @@ class Run:
                 if cuda and budget.strip().lower() != "auto":
                     _torch.cap_cuda(self.device, _native.parse_bytes(budget))
             self._model = model
-            self._params = [p for p in model.parameters() if p.requires_grad] if model is not None else []
+            self._params = (
+                [p for p in model.parameters() if p.requires_grad] if model is not None else []
+            )
             self._hard_limit = bool(hard_limit)
             self._on_checkpoint = on_checkpoint
             self._adaptive = effective_batch is not None
@@ -147,9 +149,7 @@ class Run:
                 ),
                 device=str(self.device),
                 device_name=_torch.device_name(self.device),
-                parameters=(
-                    0 if model is None else sum(p.numel() for p in model.parameters())
-                ),
+                parameters=(0 if model is None else sum(p.numel() for p in model.parameters())),
                 total_steps=total_steps,
                 effective_batch=self._effective,
                 micro_batch=micro_batch or self._effective or 1,
@@ -287,6 +287,12 @@ class Run:
         return self._step
 
     @property
+    def log_path(self) -> str | None:
+        """Where the run log goes: `log=`, or, when that holds an earlier run's log, the
+        next free name beside it (`gpt-2.jsonl`)."""
+        return self._native.log_path
+
+    @property
     def socket(self) -> str | None:
         """The Unix socket `headroom attach` reaches this run on."""
         return self._native.socket
@@ -377,7 +383,7 @@ class Run:
         _refuse_distributed()
         if split is None:
             n = _batch.size_of(batch)
-            cut = _batch.take
+            cut = _batch.take_dynamic if _torch.is_compiled(self._model) else _batch.take
         else:
             if samples is None:
                 samples = _samples_of(batch)
