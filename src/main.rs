@@ -15,7 +15,7 @@ use clap::Parser;
 use crossbeam_channel::{bounded, Sender};
 use headroom_core::units::{fmt_bytes, fmt_duration, fmt_split};
 use headroom_core::{Bus, Command, Level, Notice, RunSummary, Telemetry};
-use headroom_host::{conn, logger, out, rundir, sampler, server};
+use headroom_host::{logger, out, rundir, sampler, server};
 use headroom_trainer::alloc_stats::LibtorchAllocator;
 use headroom_trainer::runner::{self, TrainOptions};
 

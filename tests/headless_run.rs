@@ -150,7 +150,12 @@ fn a_resume_at_another_micro_batch_agrees_to_rounding() {
     let steps = |name: &str| -> Vec<(f64, u64)> {
         of_kind(&read_log(&dir.path().join(name)), "step")
             .iter()
-            .map(|r| (r["loss"].as_f64().unwrap(), r["micro_batch"].as_u64().unwrap()))
+            .map(|r| {
+                (
+                    r["loss"].as_f64().unwrap(),
+                    r["micro_batch"].as_u64().unwrap(),
+                )
+            })
             .collect()
     };
     let (full, resumed) = (steps("full.jsonl"), steps("resumed.jsonl"));

@@ -12,6 +12,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import headroom
+
 from conftest import TinyGPT, gpt_batches, kinds
 
 

@@ -17,6 +17,7 @@ import venv
 from pathlib import Path
 
 import pytest
+
 from conftest import ROOT, Screen, spawn_on_pty
 
 LOG = ROOT / "tests" / "fixtures" / "tiny-run.jsonl"

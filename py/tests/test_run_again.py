@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 import headroom
+
 from conftest import Viewer, kinds
 
 

@@ -11,21 +11,15 @@ micro-batch steered by headroom's memory controller. The whole API: docs/PYTHON.
     run.step(optimizer)
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING
+from importlib import import_module
 
 from ._native import PROTOCOL, VERSION
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ._batch import BatchError
-    from ._run import LossError, OptimizerStepFailed, OutOfMemory, Run, RunError
 
 __version__ = VERSION
 
 # The torch layer loads on first use, not at import: the `headroom` command (the viewer,
-# headroom/_cli.py) imports this package and must start without paying for torch.
+# headroom/_cli.py) imports this package and must start without paying for torch (nor
+# for `typing`, a tenth of an idle start).
 _LAZY = {
     "BatchError": "._batch",
     "LossError": "._run",
@@ -47,7 +41,7 @@ def __getattr__(name: str):
             "headroom works with the PyTorch of your environment and found none; install "
             "torch (e.g. pip install torch), then use headroom"
         ) from e
-    value = getattr(importlib.import_module(module, __name__), name)
+    value = getattr(import_module(module, __name__), name)
     globals()[name] = value
     return value
 
