@@ -1,5 +1,6 @@
 //! headroom's viewer: the stream's clients (`ls`, `attach`, `replay`) with no libtorch,
 //! so the full `headroom` binary and the Python extension's `headroom` command share it.
+pub mod attach;
 pub mod cli;
 pub mod client;
 pub mod ls;

@@ -25,6 +25,7 @@ _LAZY = {
     "LossError": "._run",
     "OptimizerStepFailed": "._run",
     "OutOfMemory": "._run",
+    "RankFailed": "._dist",
     "Run": "._run",
     "RunError": "._run",
 }
@@ -52,6 +53,7 @@ __all__ = [
     "LossError",
     "OptimizerStepFailed",
     "OutOfMemory",
+    "RankFailed",
     "Run",
     "RunError",
     "__version__",
