@@ -26,8 +26,11 @@ LOG = ROOT / "tests" / "fixtures" / "tiny-run.jsonl"
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    # The interpreter ./dev gives cargo (PYO3_PYTHON): pyo3's build then matches the one
+    # `./dev test` already compiled, and only the extension itself is linked again.
+    python = os.environ.get("PYO3_PYTHON", sys.executable)
     subprocess.run(
-        [sys.executable, "-m", "maturin", "build", "--release", "-i", sys.executable]
+        [sys.executable, "-m", "maturin", "build", "--release", "-i", python]
         + ["--out", str(out)],
         cwd=ROOT / "py",
         check=True,
@@ -89,6 +92,7 @@ def test_the_wheels_headroom_command_lists_replays_and_points_train_at_the_full_
         assert screen.wait_for("completed", 30), screen.data[-2000:]
         drawn = time.monotonic() - started
         screen.send(b"q")
+        screen.pump(20)  # to the end of its output: the pty closes when it exits
         _, status = os.waitpid(pid, 0)
     finally:
         try:
