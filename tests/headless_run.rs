@@ -131,13 +131,20 @@ fn resume_continues_exactly_where_an_uninterrupted_run_would_be() {
 #[test]
 fn a_resume_at_another_micro_batch_agrees_to_rounding() {
     let dir = tempfile::tempdir().unwrap();
-    let split = ["--effective-batch", "16", "--batch-size", "4"];
+    // The tiny config with the controller off (its last section is [memory]), so each
+    // side keeps the micro-batch it is given.
+    let fixed = dir.path().join("fixed.toml");
+    let tiny = std::fs::read_to_string(common::fixture("tiny.toml")).unwrap();
+    std::fs::write(&fixed, format!("{tiny}\nadaptive = false\n")).unwrap();
     for (name, steps) in [("full", "12"), ("half", "6")] {
-        let mut args = split.to_vec();
-        args.extend(["--steps", steps, "--checkpoint-dir", name, "--log"]);
-        let log = format!("{name}.jsonl");
-        args.push(&log);
-        let out = train_tiny(dir.path(), &args);
+        let out = common::bin()
+            .current_dir(dir.path())
+            .args(["train", "--headless", "--config"])
+            .arg(&fixed)
+            .args(["--effective-batch", "16", "--batch-size", "4", "--steps", steps])
+            .args(["--checkpoint-dir", name, "--log", &format!("{name}.jsonl")])
+            .output()
+            .unwrap();
         assert!(out.status.success(), "{}", stderr(&out));
     }
     let resumed = common::bin()
