@@ -141,7 +141,14 @@ fn a_resume_at_another_micro_batch_agrees_to_rounding() {
             .current_dir(dir.path())
             .args(["train", "--headless", "--config"])
             .arg(&fixed)
-            .args(["--effective-batch", "16", "--batch-size", "4", "--steps", steps])
+            .args([
+                "--effective-batch",
+                "16",
+                "--batch-size",
+                "4",
+                "--steps",
+                steps,
+            ])
             .args(["--checkpoint-dir", name, "--log", &format!("{name}.jsonl")])
             .output()
             .unwrap();

@@ -30,8 +30,7 @@ def wheel(tmp_path_factory) -> Path:
     # `./dev test` already compiled, and only the extension itself is linked again.
     python = os.environ.get("PYO3_PYTHON", sys.executable)
     subprocess.run(
-        [sys.executable, "-m", "maturin", "build", "--release", "-i", python]
-        + ["--out", str(out)],
+        [sys.executable, "-m", "maturin", "build", "--release", "-i", python] + ["--out", str(out)],
         cwd=ROOT / "py",
         check=True,
     )
