@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use headroom_core::protocol::{JobRank, RunStatusLine};
 
 use crate::client::{self, ConnectError};
-use crate::conn::Target;
-use crate::rundir;
+use headroom_host::conn::Target;
+use headroom_host::rundir;
 
 /// One socket in the runtime directory, and what became of asking it.
 pub enum Found {
