@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use headroom_core::RunConfig;
+use headroom_viewer::ViewCommand;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -22,44 +23,8 @@ pub struct Cli {
 pub enum Commands {
     /// Train a byte-level GPT with a live memory dashboard (headless when not a terminal)
     Train(TrainArgs),
-    /// List this user's running runs (each serves its stream on a socket)
-    Ls,
-    /// Open the dashboard on a running run; q detaches and leaves the run going
-    Attach(AttachArgs),
-    /// Open the dashboard on a run's JSONL log (read-only): play, pause, step, jump
-    Replay(ReplayArgs),
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct AttachArgs {
-    /// A run's name (or NAME-PID, or its pid) from `headroom ls`, a torchrun job (its id,
-    /// or the name its ranks share: its rank 0), a socket path, or HOST:PORT; with none,
-    /// the only running run (or a choice when there are several)
-    #[arg(value_name = "RUN | JOB | SOCKET | HOST:PORT")]
-    pub target: Option<String>,
-    /// With a job (or one of its ranks): attach this rank's stream instead of rank 0's
-    #[arg(long, value_name = "R")]
-    pub rank: Option<u32>,
-    /// The run's token, for HOST:PORT (the run writes it 0600 beside its socket; also
-    /// HEADROOM_TOKEN)
-    #[arg(long, value_name = "FILE")]
-    pub token_file: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct ReplayArgs {
-    /// The log written with `headroom train --log FILE`
-    #[arg(value_name = "LOG")]
-    pub log: PathBuf,
-    /// Playback speed against the run's own clock (e.g. 10 plays ten times as fast)
-    #[arg(long, default_value_t = 1.0, value_name = "X")]
-    pub speed: f64,
-    /// Keep reading as the log grows (a run still writing it)
-    #[arg(long)]
-    pub follow: bool,
-    /// Start at the end of the log (the final state), instead of playing it
-    #[arg(long)]
-    pub end: bool,
+    #[command(flatten)]
+    View(ViewCommand),
 }
 
 #[derive(Debug, Clone, Default, Args)]

@@ -1,11 +1,8 @@
 //! `headroom`: wires the trainer thread, the sampler, the log writer and the screen.
-mod attach;
 mod cli;
-mod client;
 mod headless;
-mod ls;
+mod rundirs;
 mod signals;
-mod watch;
 
 use std::io::IsTerminal;
 use std::path::Path;
@@ -17,8 +14,8 @@ use anyhow::Result;
 use clap::Parser;
 use crossbeam_channel::{bounded, Sender};
 use headroom_core::units::{fmt_bytes, fmt_duration, fmt_split};
-use headroom_core::{Bus, Command, RunSummary};
-use headroom_host::{conn, logger, out, rundir, sampler, server};
+use headroom_core::{Bus, Command, Level, Notice, RunSummary, Telemetry};
+use headroom_host::{logger, out, rundir, sampler, server};
 use headroom_trainer::alloc_stats::LibtorchAllocator;
 use headroom_trainer::runner::{self, TrainOptions};
 
@@ -29,9 +26,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Commands::Train(args) => train(args),
-        Commands::Ls => watch::ls(),
-        Commands::Attach(args) => watch::attach(args),
-        Commands::Replay(args) => watch::replay(args),
+        Commands::View(cmd) => headroom_viewer::run(cmd).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
@@ -67,12 +62,17 @@ fn screen_unavailable(args: &TrainArgs) -> Option<&'static str> {
     }
 }
 
-fn train(args: TrainArgs) -> Result<ExitCode> {
+fn train(mut args: TrainArgs) -> Result<ExitCode> {
+    if let Some(r) = args.resume.take() {
+        args.resume = Some(rundirs::resume_dir(&r)?);
+    }
     let resumed = match &args.resume {
         Some(dir) => Some(runner::read_checkpoint_config(dir).map_err(|e| anyhow::anyhow!("{e}"))?),
         None => None,
     };
-    let config = args.resolve(resumed)?;
+    let mut config = args.resolve(resumed)?;
+    // Before anything names the run (its socket, its log's first records).
+    let renamed = rundirs::pick_fresh(&mut config, &args);
     let inject_oom =
         cli::inject_oom_steps(&args, std::env::var("HEADROOM_INJECT_OOM").ok().as_deref())?;
     let inject_panic =
@@ -106,6 +106,13 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
         .unwrap_or(8192);
     let (bus, mut rx) = Bus::with_sinks_sized(log_file.is_some(), true, log_queue);
     let (cmd_tx, cmd_rx) = bounded::<Command>(64);
+    if let Some(text) = &renamed {
+        bus.send(Telemetry::Notice(Notice::new(
+            Level::Warn,
+            "checkpoint",
+            text.clone(),
+        )));
+    }
     let no_screen = screen_unavailable(&args);
     let headless = no_screen.is_some();
     if let Some(why) = no_screen.filter(|w| !w.is_empty()) {
@@ -249,7 +256,7 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
              the log (a reader lagged); steps and events are never dropped"
         ));
     }
-    Ok(finish(end, joined, args.log.as_deref()))
+    Ok(finish(end, joined, args.log.as_deref(), renamed.as_deref()))
 }
 
 fn dashboard(
@@ -294,7 +301,15 @@ fn dashboard(
 }
 
 /// Prints the summary after the screen is gone and picks the exit code.
-fn finish(end: StreamEnd, joined: Result<RunSummary, String>, log: Option<&Path>) -> ExitCode {
+fn finish(
+    end: StreamEnd,
+    joined: Result<RunSummary, String>,
+    log: Option<&Path>,
+    renamed: Option<&str>,
+) -> ExitCode {
+    if let Some(text) = renamed {
+        out::err(&format!("headroom: {text}"));
+    }
     match (end.summary, joined) {
         (_, Err(reason)) => {
             let reason = end.failure.unwrap_or(reason);

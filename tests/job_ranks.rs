@@ -15,9 +15,13 @@ use headroom_core::{Bus, Command as RunCommand, RunInfo, RunStatus, Telemetry};
 use headroom_host::server::{serve_run, ServeOptions};
 
 const JOB: &str = "j7x";
+/// A job id long enough that its ranks' socket names are cut inside it (torchrun's own ids
+/// are 36-character uuids; under a deep runtime directory they are cut too).
+const LONG_JOB: &str = "j7x-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef-long";
 
 /// The body of one rank's process (started by [`Rank::start`], not run by itself): serves
-/// a run named as torchrun's rank `HEADROOM_TEST_RANK` of job `j7x` until it is killed.
+/// a run named as torchrun's rank `HEADROOM_TEST_RANK` of job `HEADROOM_TEST_JOB` until it is
+/// killed.
 #[test]
 #[ignore = "a rank's process, started by the other tests of this file"]
 fn rank_process() {
@@ -31,7 +35,8 @@ fn rank_process() {
         .unwrap()
         .parse()
         .unwrap();
-    let name = format!("ddp.{JOB}.rank{rank}");
+    let job = std::env::var("HEADROOM_TEST_JOB").unwrap();
+    let name = format!("ddp.{job}.rank{rank}");
     let (bus, mut rx) = Bus::with_sinks(false, true);
     let (commands, _held) = crossbeam_channel::bounded::<RunCommand>(64);
     let opts = ServeOptions {
@@ -39,7 +44,7 @@ fn rank_process() {
         listen: None,
         producer: "job_ranks test".into(),
         job: Some(JobRank {
-            id: JOB.into(),
+            id: job,
             rank,
             local_rank: rank,
             world_size: world,
@@ -70,11 +75,12 @@ struct Rank {
 }
 
 impl Rank {
-    fn start(runtime: &Path, rank: u32, world: u32) -> Rank {
+    fn start(runtime: &Path, job: &str, rank: u32, world: u32) -> Rank {
         let child = Command::new(std::env::current_exe().unwrap())
             .args(["--ignored", "--exact", "rank_process", "--nocapture"])
             .env("HEADROOM_RUNTIME_DIR", runtime)
             .env("HEADROOM_TEST_RANK", rank.to_string())
+            .env("HEADROOM_TEST_JOB", job)
             .env("HEADROOM_TEST_WORLD", world.to_string())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -113,15 +119,16 @@ fn text(out: &Output) -> (String, String) {
     )
 }
 
-/// The socket of rank `rank`, once it serves.
+/// The socket of rank `rank`, once it serves (its file name may be cut inside the job's
+/// id; its `.rankR` stays).
 fn socket_of(runtime: &Path, rank: u32) -> PathBuf {
-    let prefix = format!("ddp.{JOB}.rank{rank}-");
+    let tail = format!(".rank{rank}-");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let found = std::fs::read_dir(runtime).ok().and_then(|d| {
             d.flatten().map(|e| e.path()).find(|p| {
                 let n = p.file_name().unwrap().to_string_lossy();
-                n.starts_with(&prefix) && n.ends_with(".sock")
+                n.starts_with("ddp.j7x") && n.contains(&tail) && n.ends_with(".sock")
             })
         });
         if let Some(p) = found {
@@ -135,7 +142,7 @@ fn socket_of(runtime: &Path, rank: u32) -> PathBuf {
 fn job_line(stdout: &str) -> &str {
     stdout
         .lines()
-        .find(|l| l.starts_with(&format!("job {JOB}:")))
+        .find(|l| l.starts_with("job j7x"))
         .unwrap_or_else(|| panic!("no line for the job:\n{stdout}"))
 }
 
@@ -143,23 +150,35 @@ fn job_line(stdout: &str) -> &str {
 fn ls_says_which_rank_died_while_the_job_lives_and_cleans_up_after_it() {
     let dir = tempfile::tempdir().unwrap();
     let runtime = dir.path().join("rt");
-    let mut ranks: Vec<Rank> = (0..3).map(|r| Rank::start(&runtime, r, 3)).collect();
+    let mut ranks: Vec<Rank> = (0..3)
+        .map(|r| Rank::start(&runtime, LONG_JOB, r, 3))
+        .collect();
     let sockets: Vec<PathBuf> = (0..3).map(|r| socket_of(&runtime, r)).collect();
+    let stem = sockets[1]
+        .file_stem()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(!stem.contains(LONG_JOB), "the id is cut in {stem}");
     let (stdout, _) = text(&headroom(&runtime, &["ls"]));
-    assert_eq!(job_line(&stdout), "job j7x: 3 of 3 ranks serving here");
+    assert_eq!(
+        job_line(&stdout),
+        format!("job {LONG_JOB}: 3 of 3 ranks serving here")
+    );
 
     ranks[1].kill();
     for _ in 0..2 {
-        // Every `ls` while the job lives says so: the dead rank's socket is kept.
+        // Every `ls` while the job lives says so: the dead rank's socket is kept, and its
+        // cut name is matched to the job by what is left of the id.
         let (stdout, stderr) = text(&headroom(&runtime, &["ls"]));
         assert_eq!(
             job_line(&stdout),
-            "job j7x: 2 of 3 ranks serving here; rank 1 died (its process is gone)",
+            format!("job {LONG_JOB}: 2 of 3 ranks serving here; rank 1 died (its process is gone)"),
             "{stderr}"
         );
         let row = stdout
             .lines()
-            .find(|l| l.starts_with("ddp.j7x.rank1 "))
+            .find(|l| l.contains(".rank1 "))
             .unwrap_or_else(|| panic!("{stdout}"));
         assert!(row.contains("died"), "{row}");
         assert!(sockets[1].exists());
@@ -168,9 +187,11 @@ fn ls_says_which_rank_died_while_the_job_lives_and_cleans_up_after_it() {
     ranks[0].kill();
     ranks[2].kill();
     let (stdout, stderr) = text(&headroom(&runtime, &["ls"]));
-    assert_eq!(
-        job_line(&stdout),
-        "job j7x: 0 ranks serving here; rank 0, 1, 2 died (its process is gone)"
+    // Nothing serves to say the whole id: the line names what the file names kept of it.
+    let line = job_line(&stdout);
+    assert!(
+        line.ends_with(": 0 ranks serving here; rank 0, 1, 2 died (its process is gone)"),
+        "{line}"
     );
     assert_eq!(
         stderr.matches("removed the stale socket").count(),
@@ -194,7 +215,7 @@ fn attach_resolves_a_job_to_its_rank_0_or_the_rank_asked_for() {
     let runtime = dir.path().join("rt");
     let _ranks: Vec<Rank> = [0, 2]
         .iter()
-        .map(|&r| Rank::start(&runtime, r, 3))
+        .map(|&r| Rank::start(&runtime, JOB, r, 3))
         .collect();
     socket_of(&runtime, 0);
     socket_of(&runtime, 2);

@@ -23,13 +23,18 @@
 //! `CARGO_TARGET_DIR=/work/target-core cargo test -p headroom-core --release --test policy_sim -- --nocapture`
 #[path = "sim/old_controller.rs"]
 mod old_controller;
+#[path = "support/trace.rs"]
+mod trace;
 
 use headroom_core::policy::{
-    Controller, ControllerConfig, Decision, OomOutcome, ResizeReason, StepObservation, Thresholds,
-    Upcoming, ALLOCATOR_NOISE, RSS_NOISE,
+    ControllerConfig, Decision, OomOutcome, ResizeReason, StepObservation, Thresholds, Upcoming,
+    ALLOCATOR_NOISE, RSS_NOISE,
 };
+use std::ops::Deref;
+
 use headroom_core::units::splitmix64;
 use old_controller::OldController;
+use trace::Traced;
 
 const LIMIT: u64 = 8 << 30;
 const STEPS: u64 = 200;
@@ -304,32 +309,40 @@ trait Policy {
     fn on_oom(&mut self, mb: usize, seq: usize) -> OomOutcome;
     fn micro_batch(&self) -> usize;
     fn ceiling_tokens(&self) -> Option<u64>;
+    /// The run's decision trace (see `support/trace.rs`), for the controller of today.
+    fn trace(&self) -> Option<trace::TraceHash> {
+        None
+    }
 }
 
-impl Policy for Controller {
+/// Today's controller, every call traced.
+impl Policy for Traced {
     fn start(cfg: ControllerConfig, limit: u64, micro: usize) -> Self {
-        Controller::new(cfg, Thresholds::default(), limit, micro)
+        Traced::new(cfg, Thresholds::default(), limit, micro)
     }
     fn set_baseline(&mut self, bytes: u64) {
-        Controller::set_baseline(self, bytes)
+        Traced::set_baseline(self, bytes)
     }
     fn set_limit(&mut self, bytes: u64) {
-        Controller::set_limit(self, bytes)
+        Traced::set_limit(self, bytes)
     }
     fn before(&mut self, seq: usize, up: Upcoming) -> Vec<Decision> {
         self.before_step_ahead(seq, up)
     }
     fn observe(&mut self, obs: StepObservation) -> Vec<Decision> {
-        Controller::observe(self, obs)
+        Traced::observe(self, obs)
     }
     fn on_oom(&mut self, mb: usize, seq: usize) -> OomOutcome {
-        Controller::on_oom(self, mb, seq)
+        Traced::on_oom(self, mb, seq)
     }
     fn micro_batch(&self) -> usize {
-        Controller::micro_batch(self)
+        self.deref().micro_batch()
     }
     fn ceiling_tokens(&self) -> Option<u64> {
-        Controller::ceiling_tokens(self)
+        self.deref().ceiling_tokens()
+    }
+    fn trace(&self) -> Option<trace::TraceHash> {
+        Some(Traced::trace(self))
     }
 }
 
@@ -367,6 +380,7 @@ struct Outcome {
     /// Steps at or above critical that a smaller micro-batch would have avoided.
     criticals: u32,
     why: Vec<String>,
+    trace: Option<trace::TraceHash>,
 }
 
 impl Outcome {
@@ -507,6 +521,7 @@ fn run<P: Policy>(c: &Curve) -> Outcome {
         }
     }
     let final_mb = p.micro_batch();
+    o.trace = p.trace();
     o.ceiling_ok = ceiling_ok;
     if !ceiling_ok {
         o.why.push("ceiling below one sequence".into());
@@ -676,7 +691,7 @@ fn simulated_curves_old_against_new() {
             let o = run::<OldController>(&c);
             old.add(&o);
             old_total.add(&o);
-            let n = run::<Controller>(&c);
+            let n = run::<Traced>(&c);
             new.add(&n);
             new_total.add(&n);
             if !n.all() {
@@ -875,13 +890,22 @@ struct TrainerStep {
 /// Drives the controller exactly as trainer/src/runner.rs does: `before_step_ahead` with
 /// the longest length of the next 16 steps, the step, `set_limit`, `observe`.
 fn run_trainer(c: &TrainerCurve, sched: Schedule, steps: u64) -> Vec<TrainerStep> {
+    run_trainer_traced(c, sched, steps).0
+}
+
+/// As [`run_trainer`], with the run's decision trace.
+fn run_trainer_traced(
+    c: &TrainerCurve,
+    sched: Schedule,
+    steps: u64,
+) -> (Vec<TrainerStep>, trace::TraceHash) {
     const LIMIT_1G: u64 = 1 << 30;
     let cfg = ControllerConfig {
         max_micro_batch: c.max_micro,
         max_seq_len: sched.hi(),
         ..ControllerConfig::default()
     };
-    let mut ctl = Controller::new(cfg, Thresholds::default(), LIMIT_1G, c.start);
+    let mut ctl = Traced::new(cfg, Thresholds::default(), LIMIT_1G, c.start);
     ctl.set_baseline((c.baseline * LIMIT_1G as f64) as u64);
     let mut r = Rng(c.seed);
     let mut out = Vec::new();
@@ -940,7 +964,7 @@ fn run_trainer(c: &TrainerCurve, sched: Schedule, steps: u64) -> Vec<TrainerStep
         }
         out.push(st);
     }
-    out
+    (out, ctl.trace())
 }
 
 fn print_trace(trace: &[TrainerStep]) {
@@ -1090,19 +1114,30 @@ fn trainer_curves(n: u64) -> Vec<TrainerCurve> {
         .collect()
 }
 
+/// The sweep's curves, each with its schedule: a start that runs the first horizon under
+/// target (a larger one is the user's to fix: nothing is measured before it fails, and the
+/// simulator's families cover it).
+fn trainer_sweep_curves(sched: impl Fn(u64) -> Schedule, n: u64) -> Vec<(TrainerCurve, Schedule)> {
+    trainer_curves(n)
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut c)| {
+            let sc = sched(i as u64);
+            let first_view = (1..=1 + TRAINER_HORIZON)
+                .map(|k| sc.len_at(k))
+                .max()
+                .unwrap_or(1);
+            while c.start > 1 && c.own(c.start, first_view) >= 0.85 {
+                c.start -= 1;
+            }
+            (c, sc)
+        })
+        .collect()
+}
+
 fn trainer_sweep(sched: impl Fn(u64) -> Schedule, steps: u64, n: u64) -> Vec<String> {
     let mut failed = Vec::new();
-    for (i, mut c) in trainer_curves(n).into_iter().enumerate() {
-        let sc = sched(i as u64);
-        // A start that runs the first horizon under target: a larger one is the user's to
-        // fix (nothing is measured before it fails), and the simulator's families cover it.
-        let first_view = (1..=1 + TRAINER_HORIZON)
-            .map(|k| sc.len_at(k))
-            .max()
-            .unwrap_or(1);
-        while c.start > 1 && c.own(c.start, first_view) >= 0.85 {
-            c.start -= 1;
-        }
+    for (i, (c, sc)) in trainer_sweep_curves(sched, n).into_iter().enumerate() {
         let c = &c;
         let trace = run_trainer(c, sc, steps);
         if std::env::var("HEADROOM_SIM_TRACE").ok() == Some(i.to_string()) {
@@ -1150,6 +1185,35 @@ fn trainer_tally(name: &str, failed: &[String], n: u64) -> [usize; 5] {
     tally
 }
 
+/// The real run's curve and schedule (see the test below).
+fn real_run() -> (TrainerCurve, Schedule) {
+    let c = TrainerCurve::new(0.40, 54.0, 0.3, 256, 7);
+    let sched = Schedule::Ramp {
+        lo: 64,
+        hi: 256,
+        steps: 60,
+    };
+    (c, sched)
+}
+
+/// Ramps of every steepness.
+fn sweep_ramp(i: u64) -> Schedule {
+    Schedule::Ramp {
+        lo: [32, 64, 128][(i % 3) as usize],
+        hi: 256,
+        steps: [30, 60, 120][(i / 3 % 3) as usize],
+    }
+}
+
+/// Random lengths from three shortest lengths.
+fn sweep_random(i: u64) -> Schedule {
+    Schedule::Random {
+        lo: [32, 64, 128][(i % 3) as usize],
+        hi: 256,
+        seed: i,
+    }
+}
+
 /// The real run's case: 64 → 256 over 60 steps, start 16, fixed 40%, ±1%, through the
 /// trainer's 16-step horizon. It shrank 17 times in 46 steps, shrank too far near the end
 /// of the ramp and grew back right after saying it held. Now: three growths while it
@@ -1158,12 +1222,7 @@ fn trainer_tally(name: &str, failed: &[String], n: u64) -> [usize; 5] {
 /// length in view, to the feasible size.
 #[test]
 fn trainer_horizon_ramp_like_the_real_run_moves_one_way() {
-    let c = TrainerCurve::new(0.40, 54.0, 0.3, 256, 7);
-    let sched = Schedule::Ramp {
-        lo: 64,
-        hi: 256,
-        steps: 60,
-    };
+    let (c, sched) = real_run();
     let trace = run_trainer(&c, sched, 100);
     if std::env::var("HEADROOM_SIM_TRACE").is_ok() {
         print_trace(&trace);
@@ -1199,15 +1258,7 @@ fn trainer_horizon_ramp_like_the_real_run_moves_one_way() {
 #[test]
 fn trainer_horizon_ramps_hold_their_plan() {
     let n = 120;
-    let failed = trainer_sweep(
-        |i| Schedule::Ramp {
-            lo: [32, 64, 128][(i % 3) as usize],
-            hi: 256,
-            steps: [30, 60, 120][(i / 3 % 3) as usize],
-        },
-        150,
-        n,
-    );
+    let failed = trainer_sweep(sweep_ramp, 150, n);
     let [critical, count, regrow, hold, _under] = trainer_tally("ramps", &failed, n);
     // What it achieved (77 of 120 meet all; failing critical 0, count 3, regrow 1, hold
     // 0, under 41: the young fit's bound under-uses the planned length), with a little
@@ -1221,15 +1272,7 @@ fn trainer_horizon_ramps_hold_their_plan() {
 #[test]
 fn trainer_horizon_random_lengths_hold_their_plan() {
     let n = 120;
-    let failed = trainer_sweep(
-        |i| Schedule::Random {
-            lo: [32, 64, 128][(i % 3) as usize],
-            hi: 256,
-            seed: i,
-        },
-        150,
-        n,
-    );
+    let failed = trainer_sweep(sweep_random, 150, n);
     let [critical, count, regrow, hold, _under] = trainer_tally("random lengths", &failed, n);
     // Achieved: 89 of 120; failing critical 1, count 30, regrow 0, hold 0, under 3. Each
     // count failure is one shrink within the first ten steps (a young fit's growth for the
@@ -1240,5 +1283,59 @@ fn trainer_horizon_random_lengths_hold_their_plan() {
     assert!(
         critical <= 1 && regrow <= 1 && count <= 32 && hold == 0,
         "{failed:#?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Decision traces (issue 25): the controller's behaviour kept to the byte across its
+// restructure. Every simulated curve of every family (`HEADROOM_SIM_CURVES` per family,
+// 400 recorded) and every run of the trainer-horizon sweeps, traced call by call, must
+// hash to what the controller as it was before the restructure recorded in
+// `traces/sim.txt` (see `support/trace.rs`).
+
+/// Trainer-horizon sweep runs per schedule kind (as the sweep tests above).
+const SWEEP_RUNS: u64 = 120;
+
+#[test]
+fn decision_traces_are_the_recorded_ones() {
+    let per = curves_per_family();
+    let mut runs: Vec<(String, String)> = Vec::new();
+    let mut keep = |key: String, t: trace::TraceHash| {
+        t.dump(&key);
+        runs.push((key, t.hex()));
+    };
+    for fam in FAMILIES {
+        for i in 0..per {
+            let o = run::<Traced>(&Curve::generate(fam, i));
+            keep(format!("{} #{i}", fam.name()), o.trace.expect("traced"));
+        }
+    }
+    let (c, sched) = real_run();
+    keep(
+        "trainer real ramp".into(),
+        run_trainer_traced(&c, sched, 100).1,
+    );
+    for (name, sched) in [
+        ("ramps", sweep_ramp as fn(u64) -> Schedule),
+        ("random", sweep_random),
+    ] {
+        for (i, (c, sc)) in trainer_sweep_curves(sched, SWEEP_RUNS)
+            .into_iter()
+            .enumerate()
+        {
+            keep(
+                format!("trainer {name} #{i}"),
+                run_trainer_traced(&c, sc, 150).1,
+            );
+        }
+    }
+    let bad = trace::compare("sim.txt", &runs);
+    assert!(
+        bad.is_empty(),
+        "{} of {} runs decided otherwise than recorded (trace one with \
+         HEADROOM_SIM_ONLY=<family> HEADROOM_SIM_CURVE_TRACE=<n>): {:#?}",
+        bad.len(),
+        runs.len(),
+        &bad[..bad.len().min(20)]
     );
 }

@@ -27,6 +27,25 @@ pub struct PendingLog {
     created_dirs: Vec<PathBuf>,
 }
 
+/// Where a Python run's `log=` goes: the path itself when it is new, empty or not a
+/// regular file (a FIFO, /dev/stdout), else the first free `STEM-2.EXT`, `STEM-3.EXT`, …
+/// beside it: a script or notebook cell run again keeps the earlier run's log, as a fresh
+/// `headroom train` keeps the earlier run's checkpoints (`runs/NAME-N`).
+pub fn next_free(path: &Path) -> PathBuf {
+    let taken = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.len() > 0);
+    if !taken(path) {
+        return path.to_path_buf();
+    }
+    let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+    let ext = path
+        .extension()
+        .map_or(String::new(), |e| format!(".{}", e.to_string_lossy()));
+    (2u32..)
+        .map(|n| path.with_file_name(format!("{stem}-{n}{ext}")))
+        .find(|p| !p.exists())
+        .expect("some numbered name is free")
+}
+
 /// Opens the log (creating it and its directory when missing) before anything runs, so an
 /// unwritable path is an error at start, not a silent loss later. Nothing is truncated
 /// yet. `inputs` are files the run reads (config, corpus): a log on one of them would
@@ -308,6 +327,21 @@ impl LogWriter {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_earlier_runs_log_is_kept_and_the_next_free_name_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("gpt.jsonl");
+        assert_eq!(next_free(&log), log, "new");
+        std::fs::write(&log, "").unwrap();
+        assert_eq!(next_free(&log), log, "empty: nothing to keep");
+        std::fs::write(&log, "{}\n").unwrap();
+        assert_eq!(next_free(&log), dir.path().join("gpt-2.jsonl"));
+        std::fs::write(dir.path().join("gpt-2.jsonl"), "{}\n").unwrap();
+        assert_eq!(next_free(&log), dir.path().join("gpt-3.jsonl"));
+        assert_eq!(next_free(Path::new("/dev/null")), Path::new("/dev/null"));
+    }
+
     use super::*;
     use headroom_core::RunStatus;
     use std::os::unix::fs::OpenOptionsExt;

@@ -93,8 +93,25 @@ fn file_stem(name: &str, pid: u32, dir: &Path) -> String {
         })
         .collect();
     let room = SUN_PATH_MAX.saturating_sub(dir.as_os_str().len() + format!("/-{pid}.token").len());
-    clean.truncate(room.max(1));
+    // A torchrun rank's `.rankR` is kept whole when the name is cut (the job's id before it
+    // is cut instead): `headroom ls` reads a dead rank's rank from its file name alone.
+    let tail = rank_suffix(&clean).map_or(0, str::len);
+    if clean.len() > room.max(1) && room > tail {
+        let suffix = clean.split_off(clean.len() - tail);
+        clean.truncate(room - tail);
+        clean.push_str(&suffix);
+    } else {
+        clean.truncate(room.max(1));
+    }
     format!("{clean}-{pid}")
+}
+
+/// `.rankR` at the end of a torchrun rank's name.
+fn rank_suffix(name: &str) -> Option<&str> {
+    let (_, last) = name.rsplit_once('.')?;
+    let digits = last.strip_prefix("rank")?;
+    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| &name[name.len() - last.len() - 1..])
 }
 
 /// A run's socket and token paths in `dir`.
@@ -210,6 +227,24 @@ mod tests {
         assert_eq!(name_of(&p.socket).as_deref(), Some("my_run_.._x"));
         let long = paths(dir, &"n".repeat(300), 1);
         assert!(long.token.as_os_str().len() <= SUN_PATH_MAX, "{long:?}");
+    }
+
+    #[test]
+    fn a_cut_ranks_name_keeps_its_rank() {
+        let dir = Path::new("/tmp/pytest-of-root/pytest-12/test_attach_shows_every_rank0/rt");
+        let name = format!(
+            "nanogpt-ddp.{}.rank13",
+            "f25e1467-f8d7-4e6c-924e-d8214241b2c6"
+        );
+        let p = paths(dir, &name, 4242);
+        assert!(p.token.as_os_str().len() <= SUN_PATH_MAX, "{p:?}");
+        let stem = name_of(&p.socket).unwrap();
+        assert!(stem.len() < name.len(), "cut: {stem}");
+        assert!(
+            stem.starts_with("nanogpt-ddp.f25e") && stem.ends_with(".rank13"),
+            "{stem}"
+        );
+        assert_eq!(pid_of(&p.socket), Some(4242));
     }
 
     #[test]

@@ -120,7 +120,7 @@ def main() -> int:
     job = run._job
     agree_seen = job.agree_us_total / max(1, job.agreements)
     # The agreement's own cost: the same all-gather in a tight loop (every rank in step).
-    rec = job.record(_dist.OK, 0, [])
+    rec = job.record(_dist.OK, [])
     out = [torch.empty_like(rec) for _ in range(world)]
     dist.barrier()
     t = time.perf_counter()

@@ -39,6 +39,15 @@ fn parse_bytes(text: &str) -> PyResult<u64> {
     headroom_core::units::parse_bytes(text).map_err(pyo3::exceptions::PyValueError::new_err)
 }
 
+/// The `headroom` command of the Python package: the viewer (`ls`, `attach`, `replay`),
+/// compiled into this extension so one `pip install` builds it with no libtorch and no
+/// second binary to place. `argv` is `sys.argv`; returns the exit status.
+#[pyfunction]
+fn viewer_main(py: Python<'_>, argv: Vec<String>) -> u8 {
+    // The viewer holds the terminal until it ends: Python threads may run meanwhile.
+    py.detach(move || headroom_viewer::main_viewer(argv))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<run::NativeRun>()?;
@@ -47,6 +56,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rss, m)?)?;
     m.add_function(wrap_pyfunction!(trim_heap, m)?)?;
     m.add_function(wrap_pyfunction!(parse_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(viewer_main, m)?)?;
     m.add("PROTOCOL", headroom_core::protocol::version_string())?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -56,6 +56,8 @@ pub struct NativeRun {
     total_steps: u64,
     paused: bool,
     stop_requested: bool,
+    /// Where the log is written (`log=`, or the next free name beside it).
+    log_path: Option<PathBuf>,
     /// Commands handed to Python to carry out, by the id Python confirms them with.
     pending: BTreeMap<u64, Command>,
     next_id: u64,
@@ -443,13 +445,29 @@ impl NativeRun {
         }
         let t = cfg.memory.thresholds().map_err(value_error)?;
         let cuda = cuda_index.is_some();
+        // A log that holds an earlier run's records is kept: this run takes the next
+        // free name beside it, and says so.
+        let asked_log = log.clone();
+        let log = log.map(|p| logger::next_free(&p));
+        let log_moved = match (&asked_log, &log) {
+            (Some(a), Some(l)) if a != l => Some(Notice::new(
+                Level::Warn,
+                "log",
+                format!(
+                    "{} holds an earlier run's log, kept; this run logs to {}",
+                    a.display(),
+                    l.display()
+                ),
+            )),
+            _ => None,
+        };
         let pending_log = log
             .as_deref()
             .map(|p| logger::open(p, &[], None, Duration::from_secs(10)))
             .transpose()
             .map_err(|e| value_error(format!("{e:#}").replace("--log", "log=")))?;
         // Last of the checks: a hard cap, once set, is the whole process's.
-        let (limit, notices) = match resolve_limit(&cfg.memory, cuda, device_total) {
+        let (limit, mut notices) = match resolve_limit(&cfg.memory, cuda, device_total) {
             Ok(r) => r,
             Err(e) => {
                 if let Some(l) = pending_log {
@@ -458,6 +476,7 @@ impl NativeRun {
                 return Err(value_error(e));
             }
         };
+        notices.extend(log_moved);
         let (bus, mut rx) = Bus::with_sinks(pending_log.is_some(), true);
         // Nobody draws in this process: viewers attach over the socket.
         drop((rx.events, rx.metrics));
@@ -526,6 +545,7 @@ impl NativeRun {
             last_val_loss: None,
             checkpoint: None,
             memory: MemorySummary::default(),
+            log_path: log,
             last_limit: 0,
             last_usage: 0.0,
         };
@@ -953,6 +973,12 @@ impl NativeRun {
     #[getter]
     fn is_cuda(&self) -> bool {
         self.cuda
+    }
+
+    /// The file the run log is written to (see `logger::next_free`); `None`: no log.
+    #[getter]
+    fn log_path(&self) -> Option<String> {
+        self.log_path.as_ref().map(|p| p.display().to_string())
     }
 
     /// The Unix socket `headroom attach` reaches this run on; `None` when not serving.

@@ -4,11 +4,16 @@ protocol viewer, small models, and no run left active between tests."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import pty
+import select
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -160,9 +165,10 @@ def cnn_batches(steps: int, n: int, seed: int = 0):
     return out
 
 
-def spawn(argv: list[str]) -> subprocess.Popen:
+def spawn(argv: list[str], new_session: bool = False) -> subprocess.Popen:
     """Starts `python ARGV…` in its own process (a hard cap, signals and torchrun are
-    process-wide), with this directory importable (the scripts use conftest's models)."""
+    process-wide), with this directory importable (the scripts use conftest's models).
+    `new_session`: in a session of its own, so its children can be killed with it."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parent), env.get("PYTHONPATH", "")]
@@ -173,7 +179,51 @@ def spawn(argv: list[str]) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        start_new_session=new_session,
     )
 
 
 __all__ = ["headroom"]
+
+
+def spawn_on_pty(argv: list[str], cols: int = 160, rows: int = 50, env: dict | None = None):
+    """Starts `argv` on a new pseudo-terminal of that size (in `env`, else this process's
+    environment); returns (pid, master fd)."""
+    pid, fd = pty.fork()
+    if pid == 0:
+        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        env = dict(os.environ if env is None else env, TERM="xterm-256color")
+        os.execve(argv[0], argv, env)
+    return pid, fd
+
+
+class Screen:
+    """What a program on a pty has written so far, and keys sent to it."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.data = b""
+
+    def pump(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            r, _, _ = select.select([self.fd], [], [], 0.05)
+            if r:
+                try:
+                    chunk = os.read(self.fd, 65536)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                self.data += chunk
+
+    def wait_for(self, text: str, timeout: float = 60) -> bool:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if text.encode() in self.data:
+                return True
+            self.pump(0.2)
+        return False
+
+    def send(self, b: bytes) -> None:
+        os.write(self.fd, b)

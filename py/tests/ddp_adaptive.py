@@ -57,6 +57,7 @@ def main() -> int:
     ap.add_argument("--width", type=int, default=32)
     ap.add_argument("--out", required=True, help="a directory for params and logs")
     ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds to idle per step")
+    ap.add_argument("--raise-at", default="", help="RANK@STEP: loss_fn raises ValueError there")
     ap.add_argument("--checkpoint", action="store_true", help="on_checkpoint writes a file")
     args = ap.parse_args()
     dist.init_process_group("gloo")
@@ -76,11 +77,16 @@ def main() -> int:
                 point, at = item.split("@")
                 plan[int(at)] = point
     state = {"step": 0, "calls": 0, "done": 0, "fired": []}
+    raise_rank, raise_step = (
+        (int(v) for v in args.raise_at.split("@")) if args.raise_at else (-1, -1)
+    )
 
     def loss_fn(mb):
         x, y = mb
         state["calls"] += 1
         step = state["step"]
+        if rank == raise_rank and step == raise_step:
+            raise ValueError(f"a bad sample on rank {rank} at step {step}")
         point = plan.get(step) if step not in state["fired"] else None
         last = state["done"] + x.shape[0] >= args.per_rank
         if point == "forward-middle" and state["done"] > 0 and not last:

@@ -4,7 +4,10 @@ parameters equal a single process's full-global-batch training."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -18,20 +21,35 @@ HERE = Path(__file__).resolve().parent
 SEQ, WIDTH = 16, 32
 
 
-def torchrun(nproc: int, script: str, *args: str, rdzv: str = "") -> subprocess.Popen:
-    extra = ["--rdzv-id", rdzv] if rdzv else []
-    return spawn(
+@pytest.fixture(autouse=True)
+def _no_rank_left_behind():
+    """A failing test kills its torchrun and every rank with it (its session), so no rank
+    of a failed test goes on training beside the next."""
+    yield
+    while _jobs:
+        job = _jobs.pop()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+
+
+def torchrun(nproc: int, script: str, *args: str) -> subprocess.Popen:
+    job = spawn(
         [
             "-m",
             "torch.distributed.run",
             "--standalone",
             "--nproc-per-node",
             str(nproc),
-            *extra,
             str(HERE / script),
             *args,
-        ]
+        ],
+        new_session=True,
     )
+    _jobs.append(job)
+    return job
+
+
+_jobs: list[subprocess.Popen] = []
 
 
 def finish(job: subprocess.Popen, timeout: float = 240) -> tuple[str, str]:
@@ -180,9 +198,6 @@ def _pids(job: subprocess.Popen, world: int) -> dict[int, int]:
 
 
 def test_a_rank_killed_mid_run_ends_the_job_through_torchrun_and_the_others_say_why(tmp_path):
-    import os
-    import signal
-
     job = torchrun(
         2, "ddp_adaptive.py", "--steps", "100000", "--per-rank", "8", "--out", str(tmp_path)
     )
@@ -205,8 +220,6 @@ def test_a_rank_killed_mid_run_ends_the_job_through_torchrun_and_the_others_say_
 
 
 def test_sigterm_to_torchrun_checkpoints_every_rank_at_one_step_and_each_exits_0(tmp_path):
-    import signal
-
     job = torchrun(
         2,
         "ddp_adaptive.py",
@@ -296,3 +309,93 @@ def test_commands_sent_to_rank_0_reach_every_rank_at_the_same_step(tmp_path, run
     assert done[0]["steps"] == done[1]["steps"], done
     notes = [n["text"] for n in kinds(tmp_path / "rank0.jsonl", "notice")]
     assert any("carried out by every rank (2 of 2)" in t for t in notes), notes
+
+
+def _paused_at(log: Path) -> str | None:
+    for c in kinds(log, "command_applied"):
+        if "paused after step" in c["applied"]:
+            return c["applied"]
+    return None
+
+
+def test_attach_to_the_job_shows_a_row_per_rank_and_pauses_every_rank_at_one_step(
+    tmp_path, runtime_dir
+):
+    from test_real_oom import Screen, _spawn_on_pty
+
+    from conftest import headroom_bin
+
+    job = torchrun(
+        2,
+        "ddp_adaptive.py",
+        "--steps",
+        "100000",
+        "--per-rank",
+        "8",
+        "--step-sleep",
+        "0.1",
+        "--out",
+        str(tmp_path),
+    )
+    logs = [tmp_path / f"rank{r}.jsonl" for r in range(2)]
+    try:
+        _pids(job, 2)
+        _wait_for_steps(logs[1], 2, job)
+        pid, fd = _spawn_on_pty([headroom_bin(), "attach", "ddp"])
+        screen = Screen(fd)
+        try:
+            assert screen.wait_for("attached to"), screen.data[-2000:]
+            assert screen.wait_for("2 ranks"), screen.data[-3000:]
+            assert screen.wait_for("panels show rank 0"), screen.data[-3000:]
+            # The panels follow the selected rank to its own socket, and back.
+            screen.send(b"]")
+            assert screen.wait_for("panels show rank 1"), screen.data[-3000:]
+            screen.data = b""
+            screen.send(b"0")
+            assert screen.wait_for("panels show rank 0"), screen.data[-3000:]
+            screen.send(b"p")
+            deadline = time.monotonic() + 60
+            while not all(_paused_at(log) for log in logs):
+                assert time.monotonic() < deadline, "a rank never paused"
+                screen.pump(0.2)
+            assert _paused_at(logs[0]) == _paused_at(logs[1])
+            held = [len(kinds(log, "step")) for log in logs]
+            screen.pump(1.5)
+            assert [len(kinds(log, "step")) for log in logs] == held, "a paused rank stepped"
+            assert held[0] == held[1]
+            assert screen.wait_for("paused")
+            screen.send(b"p")
+            _wait_for_steps(logs[1], held[1] + 2, job)
+            screen.send(b"S")
+            assert screen.wait_for("stop the run?"), screen.data[-2000:]
+            screen.send(b"y")
+            job.communicate(timeout=120)
+            screen.send(b"q")
+            _, status = os.waitpid(pid, 0)
+            assert os.WEXITSTATUS(status) == 0
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            os.close(fd)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    done = [json.loads((tmp_path / f"done-rank{r}.json").read_text()) for r in range(2)]
+    assert done[0]["steps"] == done[1]["steps"], done
+
+
+def test_a_rank_that_raises_ends_every_rank_naming_it_and_why(tmp_path):
+    job = torchrun(
+        2, "ddp_adaptive.py", "--steps", "6", "--raise-at", "1@3", "--out", str(tmp_path)
+    )
+    out, err = job.communicate(timeout=240)
+    assert job.returncode != 0
+    failed = kinds(tmp_path / "rank0.jsonl", "failed")
+    assert failed, "rank 0's run did not end as failed"
+    reason = failed[0]["reason"]
+    assert "RankFailed" in reason and "rank 1" in reason, reason
+    assert "ValueError: a bad sample on rank 1 at step 3" in reason, reason
+    own = kinds(tmp_path / "rank1.jsonl", "failed")
+    assert own and "ValueError" in own[0]["reason"], own
+    for r in range(2):
+        assert len(kinds(tmp_path / f"rank{r}.jsonl", "step")) == 2

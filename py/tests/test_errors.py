@@ -88,15 +88,6 @@ def test_watch_only_runs_refuse_backward_and_adaptive_ones_need_a_model():
         headroom.Run("no-model", effective_batch=8)
 
 
-def test_a_second_run_in_one_process_is_refused_until_the_first_ends():
-    first = headroom.Run("first")
-    with pytest.raises(headroom.RunError, match=r"\('first'\) is already active"):
-        headroom.Run("second")
-    first.finish()
-    with headroom.Run("second") as second:
-        second.report(0.5)
-
-
 def test_bad_settings_are_refused_with_the_fix():
     with pytest.raises(ValueError, match="thresholds"):
         headroom.Run("t", thresholds="0.9,0.5,0.95,0.99")

@@ -5,19 +5,14 @@ shows the OOM and the decisions, and its keys reach the Python loop."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
-import pty
-import select
 import signal
-import struct
 import subprocess
-import termios
 import time
 from pathlib import Path
 
-from conftest import headroom_bin, records, spawn
+from conftest import Screen, headroom_bin, records, spawn, spawn_on_pty
 
 HERE = Path(__file__).resolve().parent
 TARGET = 0.9
@@ -56,45 +51,6 @@ def test_a_run_capped_below_its_start_recovers_settles_and_completes(tmp_path):
     assert len(losses) == 10 and losses[-1] < losses[0]
 
 
-def _spawn_on_pty(argv: list[str], cols: int = 160, rows: int = 50):
-    pid, fd = pty.fork()
-    if pid == 0:
-        fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-        env = dict(os.environ, TERM="xterm-256color")
-        os.execve(argv[0], argv, env)
-    return pid, fd
-
-
-class Screen:
-    def __init__(self, fd: int):
-        self.fd = fd
-        self.data = b""
-
-    def pump(self, seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            r, _, _ = select.select([self.fd], [], [], 0.05)
-            if r:
-                try:
-                    chunk = os.read(self.fd, 65536)
-                except OSError:
-                    return
-                if not chunk:
-                    return
-                self.data += chunk
-
-    def wait_for(self, text: str, timeout: float = 60) -> bool:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if text.encode() in self.data:
-                return True
-            self.pump(0.2)
-        return False
-
-    def send(self, b: bytes) -> None:
-        os.write(self.fd, b)
-
-
 def _wait_log(log: Path, pred, timeout: float = 60):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -111,7 +67,7 @@ def test_attach_shows_the_python_runs_oom_and_its_keys_reach_the_loop(tmp_path, 
     p = start_capped(log, "--steps", "60", "--hold", "0.1")
     try:
         _wait_log(log, lambda rs: any(r["kind"] == "step" for r in rs), timeout=120)
-        pid, fd = _spawn_on_pty([headroom_bin(), "attach", "capped"])
+        pid, fd = spawn_on_pty([headroom_bin(), "attach", "capped"])
         screen = Screen(fd)
         try:
             assert screen.wait_for("attached to"), screen.data[-2000:]

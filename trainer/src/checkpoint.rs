@@ -364,6 +364,75 @@ pub fn claim(
     Ok((lock, removed))
 }
 
+/// Whether a live run holds `root`'s lock (a probe that takes and drops a shared lock).
+pub fn is_locked(root: &Path) -> bool {
+    let Ok(file) = File::open(root.join(LOCK_FILE)) else {
+        return false;
+    };
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on the descriptor `file` owns; closing it releases the probe's lock.
+    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) != 0 }
+}
+
+/// Where a run with no `--checkpoint-dir` goes: its default `root` when that holds no
+/// other run, else the first free `root-2`, `root-3`, … (as Lightning's `version_N`), so
+/// the README's command works every time and no run's checkpoints are touched. A
+/// directory is taken when it holds checkpoints or a live run's lock.
+pub fn next_free(root: &Path) -> PathBuf {
+    let taken = |d: &Path| has_checkpoints(d) || is_locked(d);
+    if !taken(root) {
+        return root.to_path_buf();
+    }
+    let base = root.as_os_str().to_string_lossy().into_owned();
+    (2u32..)
+        .map(|n| PathBuf::from(format!("{base}-{n}")))
+        .find(|d| !taken(d))
+        .expect("some numbered directory is free")
+}
+
+/// A run directory under `parent` belonging to run `name`: `name` itself or `name-N`,
+/// holding checkpoints; with the step it reached and when it was last saved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunDir {
+    pub root: PathBuf,
+    pub step: Option<u64>,
+    pub saved: std::time::SystemTime,
+}
+
+/// Every run directory of `name` under `parent` (see [`next_free`]), the most recently
+/// saved first: what `--resume NAME` chooses from.
+pub fn runs_named(parent: &Path, name: &str) -> Vec<RunDir> {
+    let mut found: Vec<RunDir> = fs::read_dir(parent)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n == name
+                || n.strip_prefix(name)
+                    .and_then(|rest| rest.strip_prefix('-'))
+                    .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .map(|e| e.path())
+        .filter(|root| root.is_dir() && has_checkpoints(root))
+        .map(|root| {
+            let latest = latest_step_dir(&root);
+            let saved = latest
+                .as_ref()
+                .and_then(|d| fs::metadata(d.join(STATE_FILE)).ok())
+                .and_then(|m| m.modified().ok())
+                .unwrap_or(std::time::UNIX_EPOCH);
+            let step = latest
+                .as_ref()
+                .and_then(|d| d.file_name())
+                .and_then(|n| parse_step_dir(&n.to_string_lossy()));
+            RunDir { root, step, saved }
+        })
+        .collect();
+    found.sort_by(|a, b| b.saved.cmp(&a.saved).then_with(|| b.root.cmp(&a.root)));
+    found
+}
+
 /// Whether `root` holds a checkpoint (a step directory or a `latest` file).
 pub fn has_checkpoints(root: &Path) -> bool {
     root.join(LATEST).exists()
@@ -825,6 +894,45 @@ mod tests {
         longer.push(0);
         std::fs::write(&path, &longer).unwrap();
         assert_ne!(digest_file(&path).unwrap(), base, "zero appended");
+    }
+
+    #[test]
+    fn a_taken_default_directory_gives_the_next_free_number() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("default");
+        assert_eq!(next_free(&root), root, "a fresh name is its own directory");
+        let fake_checkpoint = |d: &Path, step: u64| {
+            fs::create_dir_all(d.join(step_dir_name(step))).unwrap();
+            fs::write(d.join(step_dir_name(step)).join(STATE_FILE), "{}").unwrap();
+            fs::write(d.join(LATEST), step_dir_name(step)).unwrap();
+        };
+        fake_checkpoint(&root, 40);
+        let second = tmp.path().join("default-2");
+        assert_eq!(next_free(&root), second);
+        // A live run's lock takes a directory before its first checkpoint.
+        let (held, _) = claim(&second, false, false).unwrap();
+        assert!(is_locked(&second));
+        assert_eq!(next_free(&root), tmp.path().join("default-3"));
+        drop(held);
+        assert!(!is_locked(&second));
+        assert_eq!(
+            next_free(&root),
+            second,
+            "the empty directory went with its claim"
+        );
+        fake_checkpoint(&tmp.path().join("default-3"), 7);
+        fake_checkpoint(&tmp.path().join("defaults"), 9);
+        let runs = runs_named(tmp.path(), "default");
+        let roots: Vec<_> = runs.iter().map(|r| r.root.clone()).collect();
+        assert_eq!(
+            roots.len(),
+            2,
+            "not 'defaults', not the empty default-2: {roots:?}"
+        );
+        assert!(roots.contains(&root) && roots.contains(&tmp.path().join("default-3")));
+        assert!(runs[0].saved >= runs[1].saved, "newest first");
+        let steps: Vec<_> = runs.iter().map(|r| (r.root.clone(), r.step)).collect();
+        assert!(steps.contains(&(root.clone(), Some(40))), "{steps:?}");
     }
 
     #[test]

@@ -192,7 +192,15 @@ fn render_header(frame: &mut Frame, app: &App, area: Rect) {
     ));
     // Where the picture comes from, on the right of the title: a viewer must never be
     // mistaken for the run's own screen.
-    if let Some(tag) = app.mode.tag() {
+    // A job's view moves its panels between ranks' sockets: it says which rank they show
+    // (the title's run name holds the job's id), not the socket it first attached to.
+    let tag = match (&app.job, app.panels_rank()) {
+        (Some(_), Some(rank)) if app.mode.is_attached() => {
+            Some(format!("attached to the job · rank {rank}'s panels"))
+        }
+        _ => app.mode.tag(),
+    };
+    if let Some(tag) = tag {
         let room = (area.width as usize).saturating_sub(width(&title) + 6);
         if room > 8 {
             block = block.title_top(

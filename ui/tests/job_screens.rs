@@ -290,6 +290,10 @@ fn switching_the_panels_keeps_the_rows_and_moves_to_the_selected_rank() {
     assert_eq!(app.panels_rank(), Some(1));
     let text = draw(&app, 100, 30);
     assert!(text.contains("panels show rank 1"), "{text}");
+    assert!(
+        text.contains("attached to the job · rank 1's panels"),
+        "the header names the rank shown, not the socket first attached:\n{text}"
+    );
     assert!(row_line(&text, 1).contains("▶"), "{text}");
 }
 

@@ -325,7 +325,7 @@ fn weighted_median(mut v: Vec<(f64, f64)>) -> f64 {
     v.last().map_or(f64::NAN, |p| p.0)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(super) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
     if n == 0 {

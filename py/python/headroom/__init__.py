@@ -11,20 +11,41 @@ micro-batch steered by headroom's memory controller. The whole API: docs/PYTHON.
     run.step(optimizer)
 """
 
-try:
-    import torch  # noqa: F401
-except ImportError as e:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "headroom works with the PyTorch of your environment and found none; install "
-        "torch (e.g. pip install torch), then import headroom"
-    ) from e
+from importlib import import_module
 
-from ._batch import BatchError
-from ._dist import RankFailed
 from ._native import PROTOCOL, VERSION
-from ._run import LossError, OptimizerStepFailed, OutOfMemory, Run, RunError
 
 __version__ = VERSION
+
+# The torch layer loads on first use, not at import: the `headroom` command (the viewer,
+# headroom/_cli.py) imports this package and must start without paying for torch (nor
+# for `typing`, a tenth of an idle start).
+_LAZY = {
+    "BatchError": "._batch",
+    "LossError": "._run",
+    "OptimizerStepFailed": "._run",
+    "OutOfMemory": "._run",
+    "RankFailed": "._dist",
+    "Run": "._run",
+    "RunError": "._run",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'headroom' has no attribute {name!r}")
+    try:
+        import torch  # noqa: F401
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "headroom works with the PyTorch of your environment and found none; install "
+            "torch (e.g. pip install torch), then use headroom"
+        ) from e
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "PROTOCOL",

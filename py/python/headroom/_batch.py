@@ -67,6 +67,17 @@ def take(batch: Any, start: int, end: int) -> Any:
     return batch
 
 
+def take_dynamic(batch: Any, start: int, end: int) -> Any:
+    """`take`, with dim 0 of every tensor marked dynamic for torch.compile: the compiled
+    model then serves each micro-batch size the controller picks from one graph, instead
+    of compiling a static graph for the first size and recompiling at the next."""
+    part = take(batch, start, end)
+    for _, t in _leaves(part, "batch"):
+        if t.dim() > 0:
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+    return part
+
+
 def seq_len_of(batch: Any) -> int:
     """Tokens per sample, for the controller's memory model: dim 1 of the first integer
     tensor of two or more dims (token ids), else 1 (a sample is the unit)."""

@@ -156,7 +156,8 @@ class Job:
 
     # ---- the agreement ---------------------------------------------------------------
 
-    def record(self, status: float, step: int, commands: list[str]) -> torch.Tensor:
+    def record(self, status: float, commands: list[str]) -> torch.Tensor:
+        """This rank's row of the agreement: its last step's figures and what it asks."""
         last = self.last
         none = [i for i, p in enumerate(self.params) if p.grad is None]
         values = {
@@ -184,7 +185,7 @@ class Job:
         """The one collective per step every rank enters: what each did, what all do.
         `wait_s`: how long to wait for a viewer's command first (a paused job's rounds)."""
         commands = self.run._take_commands(wait_s)
-        mine = self.record(status, step, commands)
+        mine = self.record(status, commands)
         out = [torch.empty_like(mine) for _ in range(self.world)]
         t0 = time.perf_counter()
         try:

@@ -87,8 +87,10 @@ class Run:
         on_checkpoint: Callable[[int], Any] | None = None,
         sample_hz: float = 4.0,
         job_view: bool = True,
+        finish_previous: bool = True,
     ):
         global _current
+        previous = _finish_previous(name, finish_previous)
         with _current_lock:
             if _current is not None and not _current.ended:
                 raise RunError(
@@ -139,7 +141,9 @@ class Run:
                 if cuda and budget.strip().lower() != "auto":
                     _torch.cap_cuda(self.device, _native.parse_bytes(budget))
             self._model = model
-            self._params = [p for p in model.parameters() if p.requires_grad] if model else []
+            self._params = (
+                [p for p in model.parameters() if p.requires_grad] if model is not None else []
+            )
             self._hard_limit = bool(hard_limit)
             self._on_checkpoint = on_checkpoint
             self._adaptive = effective_batch is not None
@@ -151,7 +155,7 @@ class Run:
                 ),
                 device=str(self.device),
                 device_name=_torch.device_name(self.device),
-                parameters=sum(p.numel() for p in model.parameters()) if model else 0,
+                parameters=(0 if model is None else sum(p.numel() for p in model.parameters())),
                 total_steps=total_steps,
                 effective_batch=self._effective,
                 micro_batch=micro_batch or self._effective or 1,
@@ -201,6 +205,8 @@ class Run:
             self._in_poll = False
             self._pending_signals: list[int] = []
             self._install_signal_handlers()
+            if previous is not None:
+                self.notice(previous, level="warn")
         except BaseException:
             with _current_lock:
                 _current = None
@@ -301,6 +307,12 @@ class Run:
     def step_count(self) -> int:
         """Steps completed."""
         return self._step
+
+    @property
+    def log_path(self) -> str | None:
+        """Where the run log goes: `log=`, or, when that holds an earlier run's log, the
+        next free name beside it (`gpt-2.jsonl`)."""
+        return self._native.log_path
 
     @property
     def socket(self) -> str | None:
@@ -405,15 +417,10 @@ class Run:
         job = self._job
         if split is None:
             n = _batch.size_of(batch)
-            cut = _batch.take
+            cut = _batch.take_dynamic if _torch.is_compiled(self._model) else _batch.take
         else:
             if samples is None:
-                try:
-                    samples = len(batch)
-                except TypeError:
-                    raise ValueError(
-                        "with split=, give samples=N (the batch has no len())"
-                    ) from None
+                samples = _samples_of(batch)
             n = samples
             cut = split
         if n < 1:
@@ -875,6 +882,42 @@ def _scaler_update(scaler: Any, optimizer: torch.optim.Optimizer) -> tuple[float
     before = scaler.get_scale()
     scaler.update()
     return (before, scaler.get_scale()) if found_inf else None
+
+
+def _finish_previous(name: str | None, allowed: bool) -> str | None:
+    """A new run in a process whose previous run is still active (a notebook cell run
+    again, a script that forgot finish()) finishes that one first, as experiment trackers'
+    init does, saying so in its log and on its dashboard; returns what the new run says.
+    `allowed=False` keeps the old strictness: the new run is refused."""
+    previous = _current
+    if previous is None or previous.ended or not allowed:
+        return None
+    new = name or _default_name()
+    at = f"step {previous.step_count}"
+    previous.notice(
+        f"finished by a new run ({new!r}) created in this process at {at}", level="warn"
+    )
+    previous.finish()
+    text = (
+        f"the previous run {previous.name!r}, still active in this process, was finished at "
+        f"{at} by this new run (pass finish_previous=False to refuse instead)"
+    )
+    print(f"headroom: {text}", file=sys.stderr)
+    return text
+
+
+def _samples_of(batch: Any) -> int:
+    """With split=: the samples of a tensor (dim 0) or of a list (one item a sample). Any
+    other batch must say (samples=): a tuple's, dict's or custom class's len() counts its
+    fields, not its samples, and a wrapped object may have no len() at all."""
+    if isinstance(batch, torch.Tensor) and batch.dim() > 0:
+        return int(batch.shape[0])
+    if isinstance(batch, list):
+        return len(batch)
+    raise ValueError(
+        f"with split=, give samples=N: the batch is a {type(batch).__name__}, whose "
+        "samples headroom cannot count (only a tensor's dim 0 or a list's items are)"
+    )
 
 
 def _opt(x: Any) -> float | None:

@@ -46,6 +46,16 @@ def provoke_oom(device: torch.device) -> None:
     raise RuntimeError("out of memory (injected: the oversized allocation succeeded)")
 
 
+def is_compiled(model: Any) -> bool:
+    """Whether `model` is torch.compile's wrapper (`OptimizedModule`), outermost or
+    under a DDP/FSDP-style `.module`."""
+    dynamo = getattr(torch, "_dynamo", None)
+    wrapper = getattr(getattr(dynamo, "eval_frame", None), "OptimizedModule", None)
+    if wrapper is None or model is None:
+        return False
+    return isinstance(model, wrapper) or isinstance(getattr(model, "module", None), wrapper)
+
+
 def resolve_device(device: Any, model: Any) -> torch.device:
     """The device the run trains on: the argument, else the model's, else CUDA if any."""
     if device is not None:

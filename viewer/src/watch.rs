@@ -1,6 +1,5 @@
 //! The commands that watch a run from outside it: `ls`, `attach`, `replay`.
 use std::io::{BufRead, IsTerminal, Write};
-use std::process::ExitCode;
 
 use anyhow::{bail, Result};
 use headroom_core::protocol::Want;
@@ -8,23 +7,23 @@ use headroom_ui::{DashboardOptions, Mode};
 
 use crate::cli::{AttachArgs, ReplayArgs};
 use crate::client::{self, Resolved};
-use crate::conn::Target;
 use crate::ls;
-use crate::{out, rundir};
+use headroom_host::conn::Target;
+use headroom_host::{out, rundir};
 
-pub fn ls() -> Result<ExitCode> {
+pub fn ls() -> Result<()> {
     let found = ls::scan(&mut |s| out::err(&format!("headroom: {s}")))?;
     if found.is_empty() {
         out::err(&format!(
             "headroom: no runs are running (sockets live in {})",
             rundir::dir()?.display()
         ));
-        return Ok(ExitCode::SUCCESS);
+        return Ok(());
     }
     for line in ls::table(&found) {
         out::out(&line);
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// The token for a TCP target: the flag's file, else HEADROOM_TOKEN.
@@ -94,7 +93,7 @@ fn choose(args: &AttachArgs) -> Result<Resolved> {
     }
 }
 
-pub fn attach(args: AttachArgs) -> Result<ExitCode> {
+pub fn attach(args: AttachArgs) -> Result<()> {
     let Resolved { target, job } = choose(&args)?;
     let token = token(&args)?;
     if matches!(target, Target::Tcp(_)) && token.is_none() {
@@ -122,10 +121,10 @@ pub fn attach(args: AttachArgs) -> Result<ExitCode> {
             "headroom: detached from {name}; it goes on (headroom attach {name} to come back)"
         ));
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
-pub fn replay(args: ReplayArgs) -> Result<ExitCode> {
+pub fn replay(args: ReplayArgs) -> Result<()> {
     if !(args.speed.is_finite() && args.speed > 0.0) {
         bail!(
             "--speed {}: give a positive number, e.g. 1, 10 or 0.5",
@@ -155,5 +154,5 @@ pub fn replay(args: ReplayArgs) -> Result<ExitCode> {
         ..DashboardOptions::from_env(&name)
     };
     headroom_ui::run_dashboard(feed, opts)?;
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }

@@ -10,8 +10,8 @@ use headroom_core::protocol::{
     ServerHello, ServerLine, Want, MAX_SERVER_LINE,
 };
 
-use crate::conn::{read_line_limited, send_line, Conn, Target};
 use crate::ls::LiveRun;
+use headroom_host::conn::{read_line_limited, send_line, Conn, Target};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);

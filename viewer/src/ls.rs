@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use headroom_core::protocol::{JobRank, RunStatusLine};
 
 use crate::client::{self, ConnectError};
-use crate::conn::Target;
-use crate::rundir;
+use headroom_host::conn::Target;
+use headroom_host::rundir;
 
 /// One socket in the runtime directory, and what became of asking it.
 pub enum Found {
@@ -68,12 +68,21 @@ pub fn scan(said: &mut dyn FnMut(String)) -> std::io::Result<Vec<Found>> {
     }
     for (sock, why) in stale {
         let name = rundir::name_of(&sock).unwrap_or_default();
-        let job = job_of_name(&name);
-        let siblings_serve = job.as_ref().is_some_and(|j| {
-            found
-                .iter()
-                .any(|f| matches!(f, Found::Live(_, st) if st.job.as_ref().is_some_and(|l| l.id == j.id)))
+        // A long name's file name is cut inside the job's id (never its `.rankR`): a
+        // serving rank whose id starts with what is left is of the same job.
+        let job = job_of_name(&name).map(|mut j| {
+            let sibling = found.iter().find_map(|f| match f {
+                Found::Live(_, st) => st.job.as_ref().filter(|l| l.id.starts_with(&j.id)),
+                _ => None,
+            });
+            if let Some(l) = sibling {
+                j.id = l.id.clone();
+                j.world_size = l.world_size;
+            }
+            (j, sibling.is_some())
         });
+        let siblings_serve = job.as_ref().is_some_and(|(_, s)| *s);
+        let job = job.map(|(j, _)| j);
         if !siblings_serve {
             rundir::remove_run(&sock);
             said(format!(
@@ -94,7 +103,9 @@ pub fn runs(found: &[Found]) -> Vec<LiveRun> {
         .iter()
         .filter_map(|f| match f {
             Found::Live(sock, st) => Some(LiveRun {
-                name: rundir::name_of(sock).unwrap_or_else(|| st.run_name.clone()),
+                // The run's own name: a socket's file name is cut to fit the path limit
+                // (a torchrun job's long id under a long runtime directory).
+                name: st.run_name.clone(),
                 pid: st.pid,
                 socket: sock.clone(),
                 job: st.job.clone(),

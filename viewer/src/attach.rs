@@ -17,8 +17,8 @@ use headroom_ui::feed::{Control, Feed, Link};
 use headroom_ui::job::rank_of_name;
 
 use crate::client::{self, handshake, ConnectError, Session};
-use crate::conn::{read_line_limited, send_line, Conn, Target};
 use crate::ls;
+use headroom_host::conn::{read_line_limited, send_line, Conn, Target};
 
 /// How often a waiting stream thread looks whether it was stopped.
 const STOP_POLL: Duration = Duration::from_millis(100);

@@ -1,0 +1,73 @@
+//! The viewer's command line: `ls`, `attach`, `replay`, shared by the full `headroom`
+//! binary (beside `train`) and the viewer-only `headroom` a `pip install` gives.
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum ViewCommand {
+    /// List this user's running runs (each serves its stream on a socket)
+    Ls,
+    /// Open the dashboard on a running run; q detaches and leaves the run going
+    Attach(AttachArgs),
+    /// Open the dashboard on a run's JSONL log (read-only): play, pause, step, jump
+    Replay(ReplayArgs),
+}
+
+/// The viewer alone (the Python package's `headroom` command): `train` is the full
+/// build's, and says how to get it.
+#[derive(Debug, Parser)]
+#[command(
+    name = "headroom",
+    version,
+    about = "Watch training runs' memory headroom live in the terminal (the viewer of \
+             the Python package; `headroom train` comes with the full build)"
+)]
+pub struct ViewerCli {
+    #[command(subcommand)]
+    pub command: ViewerOnly,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ViewerOnly {
+    #[command(flatten)]
+    View(ViewCommand),
+    /// Train a byte-level GPT (needs the full build with libtorch: see docs/PYTHON.md)
+    #[command(disable_help_flag = true)]
+    Train {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+        args: Vec<String>,
+    },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct AttachArgs {
+    /// A run's name (or NAME-PID, or its pid) from `headroom ls`, a torchrun job (its id,
+    /// or the name its ranks share: its rank 0), a socket path, or HOST:PORT; with none,
+    /// the only running run (or a choice when there are several)
+    #[arg(value_name = "RUN | JOB | SOCKET | HOST:PORT")]
+    pub target: Option<String>,
+    /// With a job (or one of its ranks): attach this rank's stream instead of rank 0's
+    #[arg(long, value_name = "R")]
+    pub rank: Option<u32>,
+    /// The run's token, for HOST:PORT (the run writes it 0600 beside its socket; also
+    /// HEADROOM_TOKEN)
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ReplayArgs {
+    /// The log written with `headroom train --log FILE`
+    #[arg(value_name = "LOG")]
+    pub log: PathBuf,
+    /// Playback speed against the run's own clock (e.g. 10 plays ten times as fast)
+    #[arg(long, default_value_t = 1.0, value_name = "X")]
+    pub speed: f64,
+    /// Keep reading as the log grows (a run still writing it)
+    #[arg(long)]
+    pub follow: bool,
+    /// Start at the end of the log (the final state), instead of playing it
+    #[arg(long)]
+    pub end: bool,
+}
