@@ -2,6 +2,7 @@
 mod cli;
 mod client;
 mod headless;
+mod line_keys;
 mod ls;
 mod signals;
 mod watch;
@@ -9,6 +10,7 @@ mod watch;
 use std::io::IsTerminal;
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +22,7 @@ use headroom_core::{Bus, Command, RunSummary};
 use headroom_host::{conn, logger, out, rundir, sampler, server};
 use headroom_trainer::alloc_stats::LibtorchAllocator;
 use headroom_trainer::runner::{self, TrainOptions};
+use headroom_trainer::stop::StopSwitch;
 
 use cli::{Cli, Commands, TrainArgs};
 use headless::StreamEnd;
@@ -51,6 +54,20 @@ fn fifo_wait() -> Duration {
         .map_or(Duration::from_secs(10), Duration::from_secs_f64)
 }
 
+/// What must hold before anything else: a working directory that still exists (a run
+/// started in a deleted one failed deep inside libtorch's MKL, whose "Cannot load
+/// libtorch_cpu.so" sent users to reinstall libtorch).
+fn check_surroundings() -> Result<()> {
+    if let Err(e) = std::env::current_dir() {
+        anyhow::bail!(
+            "the current directory cannot be used ({e}): it was deleted or moved away under \
+             this shell; cd to an existing directory (e.g. cd \"$PWD\" if it was recreated) \
+             and run again"
+        );
+    }
+    Ok(())
+}
+
 /// Why the dashboard cannot be drawn here, when it cannot.
 fn screen_unavailable(args: &TrainArgs) -> Option<&'static str> {
     if args.headless {
@@ -67,6 +84,7 @@ fn screen_unavailable(args: &TrainArgs) -> Option<&'static str> {
 }
 
 fn train(args: TrainArgs) -> Result<ExitCode> {
+    check_surroundings()?;
     let resumed = match &args.resume {
         Some(dir) => Some(runner::read_checkpoint_config(dir).map_err(|e| anyhow::anyhow!("{e}"))?),
         None => None,
@@ -107,12 +125,9 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
     let (cmd_tx, cmd_rx) = bounded::<Command>(64);
     let no_screen = screen_unavailable(&args);
     let headless = no_screen.is_some();
-    if let Some(why) = no_screen.filter(|w| !w.is_empty()) {
-        out::err(&format!(
-            "headroom: {why}; running headless (progress lines here). Set TERM (e.g. \
-             TERM=xterm-256color) for the dashboard, or pass --headless to silence this"
-        ));
-    }
+    // A terminal without capabilities still has keys: `q` is read there in line mode.
+    let line_keys = no_screen.is_some_and(|w| !w.is_empty());
+    let stop = StopSwitch::new();
 
     let opts = TrainOptions {
         checkpoint_dir,
@@ -124,6 +139,7 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
         config: config.clone(),
         inject_oom,
         inject_panic,
+        stop: stop.clone(),
     };
     if !headless {
         // Before the trainer's own hook (installed by spawn), which then sees panics
@@ -162,13 +178,30 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
             .map(|i| Box::new(LibtorchAllocator(i)) as Box<dyn sampler::AllocatorSource>),
     );
     let flags = signals::Flags::default();
-    signals::forward(
-        cmd_tx.clone(),
-        flags.clone(),
-        !headless,
-        trainer.checkpoint_dir().to_path_buf(),
-        server.as_ref().map(|s| s.addresses().socket.clone()),
-    )?;
+    let wiring = signals::Wiring {
+        commands: cmd_tx.clone(),
+        flags: flags.clone(),
+        screen: !headless,
+        checkpoints: trainer.checkpoint_dir().to_path_buf(),
+        socket: server.as_ref().map(|s| s.addresses().socket.clone()),
+        stop: stop.clone(),
+        bus: signals::share_bus(&bus),
+        on_usr1: config.run.on_usr1,
+        on_usr2: config.run.on_usr2,
+    };
+    let signal_bus = Arc::clone(&wiring.bus);
+    signals::forward(wiring.clone())?;
+    if let Some(why) = no_screen.filter(|w| !w.is_empty()) {
+        let keys = if line_keys && line_keys::spawn(wiring) {
+            "type q and Enter to stop (q twice: at once)"
+        } else {
+            "stop it with Ctrl-C or SIGTERM"
+        };
+        out::err(&format!(
+            "headroom: {why}; running headless (progress lines here); {keys}. Set TERM (e.g. \
+             TERM=xterm-256color) for the dashboard, or pass --headless to silence this"
+        ));
+    }
 
     let mut end = if headless {
         headless::run(
@@ -189,9 +222,11 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
     if end.force_quit {
         // The user asked twice: do not wait for the step in progress. Checkpoints are
         // written whole or not at all, so the last one on disk is intact.
-        out::err(&format!(
-            "headroom: quit without waiting for the step in progress; {}",
-            signals::last_checkpoint_text(trainer.checkpoint_dir())
+        out::err(&signals::exit_text(
+            "asked to quit",
+            &stop,
+            &flags,
+            trainer.checkpoint_dir(),
         ));
         if let Some(s) = &server {
             s.abandon();
@@ -215,14 +250,22 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
 
     drop(sampler);
     let joined = trainer.join();
+    // From here a second stop cuts short only the log and the viewers, and says so.
+    flags.ended.store(true, Ordering::SeqCst);
     let dropped = bus.dropped();
     let losses = bus.sink_losses();
     drop(bus);
+    // The signal thread's hold on the bus goes too, or the log's queue would never close.
+    signals::release_bus(&signal_bus);
+    // The summary first: whatever the sinks do next, it is on stdout.
+    let code = finish(end, joined, args.log.as_deref());
     if let Some(server) = server {
         // Attached viewers get the last records (the run's end) before the socket goes;
         // first, since the server's notices reach the log, whose writer ends after them.
-        server.finish(Duration::from_secs(2));
+        server.finish(Duration::from_millis(500));
     }
+    // A writer still working through its queue is waited for (a slow disk); one that takes
+    // nothing for a quarter of a second is stuck on its reader and left behind.
     let log_error = log_writer.and_then(|w| w.finish(Duration::from_secs(5)));
     if let Some(e) = &log_error {
         out::err(&format!("headroom: warning: {e}"));
@@ -248,7 +291,7 @@ fn train(args: TrainArgs) -> Result<ExitCode> {
              the log (a reader lagged); steps and events are never dropped"
         ));
     }
-    Ok(finish(end, joined, args.log.as_deref()))
+    Ok(code)
 }
 
 fn dashboard(

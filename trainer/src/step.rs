@@ -42,6 +42,19 @@ pub struct StepOutcome {
     pub grad_norm: f64,
 }
 
+/// How [`train_step_until`] ended.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Stepped {
+    Done(StepOutcome),
+    /// A stop was asked for between micro-batches: the optimizer never ran, so the
+    /// parameters and the optimizer state are still those of the previous step; the
+    /// partial gradients are left for the caller to drop.
+    Abandoned {
+        /// Micro-batches that had completed (their work is lost).
+        micro_batches_done: usize,
+    },
+}
+
 /// Forward and backward over every micro-batch, then clip and update. The gradients are
 /// zeroed first, so a step retried after a failure starts clean.
 pub fn train_step(
@@ -50,6 +63,22 @@ pub fn train_step(
     data: &Dataset,
     plan: &StepPlan,
 ) -> Result<StepOutcome, TchError> {
+    match train_step_until(model, opt, data, plan, &mut || false)? {
+        Stepped::Done(out) => Ok(out),
+        Stepped::Abandoned { .. } => unreachable!("nothing asked to abandon the step"),
+    }
+}
+
+/// [`train_step`], asking `abandon` at every micro-batch boundary (before each one) whether
+/// to give the step up: a stop then waits for one micro-batch, not for the whole step. Once
+/// every micro-batch is done, the update (short, and all-or-nothing) always completes.
+pub fn train_step_until(
+    model: &Gpt,
+    opt: &mut AdamW,
+    data: &Dataset,
+    plan: &StepPlan,
+    abandon: &mut dyn FnMut() -> bool,
+) -> Result<Stepped, TchError> {
     let e = plan.effective_batch;
     let b = plan.micro_batch.max(1);
     if e == 0 {
@@ -60,6 +89,11 @@ pub fn train_step(
     let mut loss_sum = Tensor::f_zeros([], (Kind::Float, device))?;
     let mut first = 0;
     while first < e {
+        if abandon() {
+            return Ok(Stepped::Abandoned {
+                micro_batches_done: first.div_ceil(b),
+            });
+        }
         let len = b.min(e - first);
         let (x, y) = data.train_batch(plan.seed, plan.step, first, len, plan.seq_len, device)?;
         // Each micro-batch's mean weighted by its share of the batch: the gradients then
@@ -96,10 +130,10 @@ pub fn train_step(
         .f_to_kind(Kind::Double)?
         .f_to_device(Device::Cpu)?;
     let v = Vec::<f64>::try_from(&both)?;
-    Ok(StepOutcome {
+    Ok(Stepped::Done(StepOutcome {
         loss: v[0],
         grad_norm: v[1],
-    })
+    }))
 }
 
 fn global_norm(grads: &[Tensor], device: Device) -> Result<Tensor, TchError> {
