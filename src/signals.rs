@@ -315,8 +315,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_signal_that_would_end_the_process_is_handled_and_user_signals_follow_the_setting()
-    {
+    fn every_signal_that_would_end_the_process_is_handled_and_user_signals_follow_the_setting() {
         let stop = actions(OnUserSignal::Stop, OnUserSignal::Checkpoint);
         let of = |sig: i32| stop.iter().find(|(s, _)| *s == sig).map(|(_, a)| *a);
         for sig in [SIGINT, SIGTERM, SIGQUIT, SIGUSR1, libc::SIGPWR] {

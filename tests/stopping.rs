@@ -33,7 +33,14 @@ fn long_run(dir: &Path, config: &Path, extra: &[&str]) -> Run {
         .current_dir(dir)
         .args(["train", "--headless", "--config"])
         .arg(config)
-        .args(["--steps", "100000", "--checkpoint-dir", "ck", "--log", "run.jsonl"])
+        .args([
+            "--steps",
+            "100000",
+            "--checkpoint-dir",
+            "ck",
+            "--log",
+            "run.jsonl",
+        ])
         .args(extra)
         .stdout(std::fs::File::create(dir.join("stdout.txt")).unwrap())
         .stderr(std::fs::File::create(dir.join("stderr.txt")).unwrap())
@@ -281,7 +288,10 @@ fn a_stop_in_a_long_step_gives_it_up_at_the_next_micro_batch_and_the_resume_matc
         "the step is long enough to matter: {abandoned}"
     );
     assert!(took < Duration::from_secs(5), "exit {took:?} after SIGTERM");
-    assert!(of_kind(&records, "step").is_empty(), "step 2 never completed");
+    assert!(
+        of_kind(&records, "step").is_empty(),
+        "step 2 never completed"
+    );
     assert_eq!(latest_step(&dir.path().join("ck")), 1);
     assert!(text_of(&dir.path().join("stdout.txt")).contains("run stopped at step 1/2"));
 
@@ -336,7 +346,14 @@ fn a_stuck_log_reader_delays_the_exit_by_a_fraction_of_a_second() {
         .current_dir(dir.path())
         .args(["train", "--headless", "--threads", "1", "--config"])
         .arg(fixture("tiny.toml"))
-        .args(["--steps", "100000", "--checkpoint-dir", "ck", "--log", "log.fifo"])
+        .args([
+            "--steps",
+            "100000",
+            "--checkpoint-dir",
+            "ck",
+            "--log",
+            "log.fifo",
+        ])
         .env("HEADROOM_LOG_QUEUE", "256")
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(dir.path().join("stderr.txt")).unwrap())
@@ -386,7 +403,14 @@ fn term_dumb_q_stops_the_run() {
         .env("TERM", "dumb")
         .args(["train", "--threads", "1", "--config"])
         .arg(fixture("tiny.toml"))
-        .args(["--steps", "100000", "--checkpoint-dir", "ck", "--log", "run.jsonl"]);
+        .args([
+            "--steps",
+            "100000",
+            "--checkpoint-dir",
+            "ck",
+            "--log",
+            "run.jsonl",
+        ]);
     let mut pty = Pty::spawn(cmd, 100, 30);
     assert!(
         pty.wait_for("type q and Enter to stop", Duration::from_secs(60)),
@@ -426,10 +450,7 @@ fn a_deleted_working_directory_is_named() {
         .unwrap();
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(
-        err.contains("current directory") && err.contains("deleted"),
-        "{err}"
-    );
+    assert!(err.contains("current directory was deleted"), "{err}");
     assert!(!err.contains("libtorch"), "{err}");
 }
 

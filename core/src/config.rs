@@ -74,7 +74,9 @@ impl std::str::FromStr for OnUserSignal {
         match s.trim() {
             "stop" => Ok(OnUserSignal::Stop),
             "checkpoint" => Ok(OnUserSignal::Checkpoint),
-            other => Err(format!("{other:?} is not an action; use stop or checkpoint")),
+            other => Err(format!(
+                "{other:?} is not an action; use stop or checkpoint"
+            )),
         }
     }
 }

@@ -51,9 +51,10 @@ def main() -> int:
 
 
 def batch_for(step: int, samples: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step 1 is small (it completes at once); step 2 holds `samples`."""
+    """Step 1 is one sample (it completes at once, in one micro-batch whatever the split);
+    step 2 holds `samples`."""
     g = torch.Generator().manual_seed(step)
-    n = 8 if step == 1 else samples
+    n = 1 if step == 1 else samples
     x = torch.randint(0, 64, (n, 8), generator=g)
     return x, torch.roll(x, -1, dims=1)
 

@@ -169,13 +169,22 @@ def test_sigterm_in_a_long_step_gives_it_up_at_the_next_micro_batch_and_the_resu
     assert p.returncode == 128 + signal.SIGTERM, err
     assert "SIGTERM: stopping: a step in progress" in err, err
     recs = records(log)
-    notice = next(r["text"] for r in recs if r["kind"] == "notice" and "abandoned" in r["text"])
+    notices = [r for r in recs if r["kind"] == "notice"]
+    gave_up = next(r for r in notices if "abandoned after" in r["text"])
+    heard = next(r for r in notices if "SIGTERM: stopping" in r["text"])
+    notice = gave_up["text"]
     done, samples = (int(w) for w in notice.split("after ")[1].split(" samples")[0].split(" of "))
     secs = float(notice.split("(")[1].split(" s in")[0])
     whole = secs * samples / max(done, 1)
-    print(f"exit {took:.2f} s after SIGTERM; the step would have taken about {whole:.0f} s")
+    print(
+        f"given up {gave_up['t'] - heard['t']:.2f} s after the signal was heard, exit "
+        f"{took:.2f} s after SIGTERM; the step would have taken about {whole:.0f} s"
+    )
     assert whole >= 20, notice
-    assert took < 5, f"{took:.1f} s"
+    assert gave_up["t"] - heard["t"] < 1, "given up at the next micro-batch"
+    # Most of it is the interpreter's own teardown (about 2.5 s for a bare `import torch`
+    # script on 2 loaded cores).
+    assert took < 10, f"{took:.1f} s"
     assert [r["step"] for r in recs if r["kind"] == "step"] == [1]
     assert recs[-1]["kind"] == "finished" and recs[-1]["stopped_by_user"], recs[-3:]
     assert (tmp_path / "ck" / "step-1.pt").exists()

@@ -1015,14 +1015,17 @@ impl Trainer {
             let (stop, pending) = (&self.stop, &mut self.pending);
             // Commands that arrive during the step wait for its end, but a stop is seen
             // at the next micro-batch boundary.
-            let mut abandon = || {
+            let mut abandon = |at: step::Boundary| {
                 while let Ok(c) = commands.try_recv() {
                     if matches!(c, Command::Stop) {
                         stop.request();
                     }
                     pending.push_back(c);
                 }
-                stop.requested()
+                match at {
+                    step::Boundary::MicroBatch => stop.requested(),
+                    step::Boundary::Update => !stop.commit(),
+                }
             };
             let panic_now = self.inject_panic.take_if(|p| *p == s).is_some();
             self.stop.publish(self.step, true);
@@ -1068,6 +1071,7 @@ impl Trainer {
         }
         let tokens = (plan.effective_batch * seq) as u64;
         self.step = s;
+        self.stop.publish(s, false);
         self.tokens_seen += tokens;
         self.last_loss = Some(out.loss);
         self.losses_since_eval.0 += out.loss;
@@ -1087,7 +1091,6 @@ impl Trainer {
             seq_len: seq,
             tokens_seen: self.tokens_seen,
         }));
-        self.stop.publish(s, false);
         Ok(true)
     }
 

@@ -63,21 +63,30 @@ pub fn train_step(
     data: &Dataset,
     plan: &StepPlan,
 ) -> Result<StepOutcome, TchError> {
-    match train_step_until(model, opt, data, plan, &mut || false)? {
+    match train_step_until(model, opt, data, plan, &mut |_| false)? {
         Stepped::Done(out) => Ok(out),
         Stepped::Abandoned { .. } => unreachable!("nothing asked to abandon the step"),
     }
 }
 
-/// [`train_step`], asking `abandon` at every micro-batch boundary (before each one) whether
-/// to give the step up: a stop then waits for one micro-batch, not for the whole step. Once
-/// every micro-batch is done, the update (short, and all-or-nothing) always completes.
+/// Where [`train_step_until`] asks whether to give the step up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Boundary {
+    /// Before a micro-batch.
+    MicroBatch,
+    /// After the last one, before the update: the last chance; past it the update (short,
+    /// and all-or-nothing) always completes.
+    Update,
+}
+
+/// [`train_step`], asking `abandon` at every micro-batch boundary whether to give the step
+/// up: a stop then waits for one micro-batch, not for the whole step.
 pub fn train_step_until(
     model: &Gpt,
     opt: &mut AdamW,
     data: &Dataset,
     plan: &StepPlan,
-    abandon: &mut dyn FnMut() -> bool,
+    abandon: &mut dyn FnMut(Boundary) -> bool,
 ) -> Result<Stepped, TchError> {
     let e = plan.effective_batch;
     let b = plan.micro_batch.max(1);
@@ -89,7 +98,7 @@ pub fn train_step_until(
     let mut loss_sum = Tensor::f_zeros([], (Kind::Float, device))?;
     let mut first = 0;
     while first < e {
-        if abandon() {
+        if abandon(Boundary::MicroBatch) {
             return Ok(Stepped::Abandoned {
                 micro_batches_done: first.div_ceil(b),
             });
@@ -109,6 +118,11 @@ pub fn train_step_until(
         }
     }
 
+    if abandon(Boundary::Update) {
+        return Ok(Stepped::Abandoned {
+            micro_batches_done: e.div_ceil(b),
+        });
+    }
     let grads = opt.grads();
     let norm = global_norm(&grads, device)?;
     if plan.grad_clip > 0.0 {

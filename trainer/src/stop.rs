@@ -1,18 +1,22 @@
 //! A stop asked for from outside the trainer thread (a signal, the dashboard, a viewer),
 //! seen between micro-batches: a long step is given up at its next micro-batch instead of
 //! being finished, and whoever asked can say at once what the run will leave behind.
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
-/// Shared by the trainer and everyone who may ask it to stop. Cloning shares it.
+/// Shared by the trainer and everyone who may ask it to stop. Cloning shares it. One lock
+/// (taken once per micro-batch, uncontended) makes "is the step given up?" and "what will
+/// the checkpoint be of?" one answer: a stop asked after the step's last micro-batch
+/// lets the step complete, and is told so.
 #[derive(Clone, Default)]
-pub struct StopSwitch(Arc<Inner>);
+pub struct StopSwitch(Arc<Mutex<State>>);
 
 #[derive(Default)]
-struct Inner {
-    abandon: AtomicBool,
-    steps_done: AtomicU64,
-    in_step: AtomicBool,
+struct State {
+    abandon: bool,
+    steps_done: u64,
+    in_step: bool,
+    /// The step in progress is past its last micro-batch: it will complete.
+    committed: bool,
 }
 
 /// Where the run is, as the trainer last published it.
@@ -55,26 +59,54 @@ impl StopSwitch {
     /// (a stop command must follow, or already be on its way: this only makes it prompt).
     /// Returns where the run was when asked.
     pub fn request(&self) -> Progress {
-        self.0.abandon.store(true, Ordering::SeqCst);
-        self.progress()
+        let mut s = self.lock();
+        s.abandon = true;
+        Self::progress_of(&s)
     }
 
     /// Whether a stop was asked for.
     pub fn requested(&self) -> bool {
-        self.0.abandon.load(Ordering::SeqCst)
+        self.lock().abandon
     }
 
     pub fn progress(&self) -> Progress {
+        Self::progress_of(&self.lock())
+    }
+
+    fn progress_of(s: &State) -> Progress {
+        if s.committed {
+            return Progress {
+                steps_done: s.steps_done + 1,
+                in_step: false,
+            };
+        }
         Progress {
-            steps_done: self.0.steps_done.load(Ordering::SeqCst),
-            in_step: self.0.in_step.load(Ordering::SeqCst),
+            steps_done: s.steps_done,
+            in_step: s.in_step,
         }
     }
 
     /// Published by the trainer as it starts and ends each step.
     pub fn publish(&self, steps_done: u64, in_step: bool) {
-        self.0.steps_done.store(steps_done, Ordering::SeqCst);
-        self.0.in_step.store(in_step, Ordering::SeqCst);
+        let mut s = self.lock();
+        s.steps_done = steps_done;
+        s.in_step = in_step;
+        s.committed = false;
+    }
+
+    /// Called by the trainer after the step's last micro-batch: false when a stop came
+    /// first (the step is given up), else the step is committed to complete.
+    pub fn commit(&self) -> bool {
+        let mut s = self.lock();
+        if s.abandon {
+            return false;
+        }
+        s.committed = true;
+        true
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -101,5 +133,18 @@ mod tests {
         );
         s.publish(0, true);
         assert!(s.progress().stop_text().contains("no checkpoint"));
+    }
+
+    #[test]
+    fn a_stop_after_the_last_micro_batch_is_told_the_step_completes() {
+        let s = StopSwitch::new();
+        s.publish(41, true);
+        assert!(s.commit(), "no stop yet: the step goes on to its update");
+        let text = s.request().stop_text();
+        assert_eq!(text, "stopping: the checkpoint will be of step 42");
+        let late = StopSwitch::new();
+        late.publish(41, true);
+        late.request();
+        assert!(!late.commit(), "a stop before the update gives the step up");
     }
 }

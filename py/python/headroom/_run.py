@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
+import gc
 import math
 import os
 import signal
@@ -266,10 +268,10 @@ class Run:
             if self._adaptive
             else f"the loop is asked to stop after step {self._step}"
         )
-        try:
+        # A signal that interrupted a write to stderr makes this one a reentrant call
+        # (RuntimeError): the notice in the log still says it.
+        with contextlib.suppress(RuntimeError):
             print(f"headroom: {name}: stopping: {what}", file=sys.stderr, flush=True)
-        except RuntimeError:
-            pass  # the signal interrupted a write to stderr: the notice still says it
 
     def _abandon_step_requested(self) -> bool:
         """Whether the step in progress is to be given up at this micro-batch boundary
@@ -297,6 +299,10 @@ class Run:
             source="signal",
         )
         self.finish()
+        # What is left is the interpreter's teardown, whose final collections walk every
+        # object torch made (8.8 s under a load of 13 on 2 cores; 3.6 s frozen, the same
+        # as a bare `import torch` script's exit): frozen, they are not walked.
+        gc.freeze()
         raise SystemExit(128 + signum)
 
     def _after_signal_boundary(self) -> None:
