@@ -217,7 +217,7 @@ fn train(args: TrainArgs) -> Result<u8> {
         // The user asked twice: do not wait for the step in progress. Checkpoints are
         // written whole or not at all, so the last one on disk is intact.
         out::err(&signals::exit_text(
-            "asked to quit",
+            "q",
             &stop,
             &flags,
             trainer.checkpoint_dir(),
@@ -256,7 +256,7 @@ fn train(args: TrainArgs) -> Result<u8> {
     if let Some(server) = server {
         // Attached viewers get the last records (the run's end) before the socket goes;
         // first, since the server's notices reach the log, whose writer ends after them.
-        server.finish(Duration::from_millis(500));
+        server.finish(Duration::from_secs(2));
     }
     // A writer still working through its queue is waited for (a slow disk); one that takes
     // nothing for a quarter of a second is stuck on its reader and left behind.

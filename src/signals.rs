@@ -266,7 +266,7 @@ pub fn exit_text(why: &str, stop: &StopSwitch, flags: &Flags, checkpoints: &Path
         )
     };
     format!(
-        "headroom: {why} again: {what}; {}",
+        "headroom: asked twice to stop ({why} again): {what}; {}",
         last_checkpoint_text(checkpoints)
     )
 }
