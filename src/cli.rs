@@ -32,10 +32,14 @@ pub enum Commands {
 
 #[derive(Debug, Clone, Args)]
 pub struct AttachArgs {
-    /// A run's name (or NAME-PID, or its pid) from `headroom ls`, a socket path, or
-    /// HOST:PORT; with none, the only running run (or a choice when there are several)
-    #[arg(value_name = "RUN | SOCKET | HOST:PORT")]
+    /// A run's name (or NAME-PID, or its pid) from `headroom ls`, a torchrun job (its id,
+    /// or the name its ranks share: its rank 0), a socket path, or HOST:PORT; with none,
+    /// the only running run (or a choice when there are several)
+    #[arg(value_name = "RUN | JOB | SOCKET | HOST:PORT")]
     pub target: Option<String>,
+    /// With a job (or one of its ranks): attach this rank's stream instead of rank 0's
+    #[arg(long, value_name = "R")]
+    pub rank: Option<u32>,
     /// The run's token, for HOST:PORT (the run writes it 0600 beside its socket; also
     /// HEADROOM_TOKEN)
     #[arg(long, value_name = "FILE")]

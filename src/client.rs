@@ -1,20 +1,17 @@
 //! The viewer's side of the stream protocol: the handshake, `headroom ls`'s status query,
-//! and a [`Feed`] for the dashboard that survives a dropped connection by reconnecting.
+//! and what an attach argument names (a run, a job, a job's rank). The dashboard's feed
+//! over the connection is [`crate::attach`]'s.
 use std::io::{self, BufReader};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 use headroom_core::protocol::{
-    check_version, version_string, ClientHello, ClientLine, RunStatusLine, ServerControl,
+    check_version, version_string, ClientHello, ClientLine, JobRank, RunStatusLine, ServerControl,
     ServerHello, ServerLine, Want, MAX_SERVER_LINE,
 };
-use headroom_core::{BadRecord, Command, Level, Notice, Record, Telemetry};
-use headroom_ui::feed::{Control, Feed, Link};
 
 use crate::conn::{read_line_limited, send_line, Conn, Target};
+use crate::ls::LiveRun;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -110,229 +107,86 @@ pub fn status(target: &Target, token: Option<&str>) -> Result<RunStatusLine, Con
     }
 }
 
-/// How a connection's stream ended.
-enum StreamEnd {
-    /// The run ended (finished or failed) and said so.
-    RunEnded,
-    /// The server told us why it closed (a fatal error line).
-    Closed(String),
-    /// The connection dropped without a word.
-    Dropped(String),
-    /// The screen went away: nobody is watching.
-    NobodyWatching,
+/// What an attach argument named: where to connect, and the job and rank it is when it
+/// is a torchrun rank on this machine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resolved {
+    pub target: Target,
+    pub job: Option<JobRank>,
 }
 
-/// The dashboard's feed over a greeted session: a thread reads the stream into the
-/// feed's queues and reconnects when the connection drops (not when the run ended).
-pub fn attach_feed(first: Session, target: Target, token: Option<String>) -> Feed {
-    let (events_tx, events) = bounded::<Record>(1024);
-    let (metrics_tx, metrics) = bounded::<Record>(512);
-    let (link_tx, link) = bounded::<Link>(16);
-    let (commands_tx, commands_rx) = bounded::<Command>(64);
-    let dropped = Arc::new(AtomicU64::new(0));
-    let writer: Arc<Mutex<Option<Conn>>> = Arc::new(Mutex::new(None));
-    {
-        let writer = Arc::clone(&writer);
-        let events_tx = events_tx.clone();
-        std::thread::Builder::new()
-            .name("attach-commands".into())
-            .spawn(move || send_commands(commands_rx, writer, events_tx))
-            .expect("a thread for commands");
-    }
-    let counter = Arc::clone(&dropped);
-    std::thread::Builder::new()
-        .name("attach-stream".into())
-        .spawn(move || {
-            let mut session = Some(first);
-            let mut attempt = 0u32;
-            loop {
-                let end = match session.take() {
-                    Some(s) => {
-                        attempt = 0;
-                        let _ = link_tx.try_send(Link::Connected {
-                            run_id: s.hello.run_id.clone(),
-                        });
-                        *writer.lock().unwrap() = s.conn.try_clone().ok();
-                        let end = read_stream(s.reader, &events_tx, &metrics_tx, &counter);
-                        *writer.lock().unwrap() = None;
-                        end
-                    }
-                    None => StreamEnd::Dropped(String::new()),
-                };
-                let reason = match end {
-                    StreamEnd::NobodyWatching => return,
-                    StreamEnd::RunEnded => {
-                        let _ = link_tx.send(Link::Closed {
-                            reason: "the run has ended".into(),
-                        });
-                        return;
-                    }
-                    StreamEnd::Closed(why) | StreamEnd::Dropped(why) => why,
-                };
-                if attempt == 0
-                    && !reason.is_empty()
-                    && link_tx
-                        .send(Link::Lost {
-                            reason: reason.clone(),
-                        })
-                        .is_err()
-                {
-                    return;
-                }
-                if let Target::Unix(p) = &target {
-                    if !p.exists() {
-                        let _ = link_tx.send(Link::Closed {
-                            reason: format!(
-                                "the run's socket {} is gone: the run has ended",
-                                p.display()
-                            ),
-                        });
-                        return;
-                    }
-                }
-                attempt += 1;
-                let wait = Duration::from_secs(u64::from(attempt.min(5)));
-                if link_tx
-                    .send(Link::Retrying {
-                        attempt,
-                        in_s: wait.as_secs_f64(),
-                    })
-                    .is_err()
-                {
-                    return;
-                }
-                std::thread::sleep(wait);
-                match handshake(&target, token.as_deref(), Want::Stream) {
-                    Ok(s) => session = Some(s),
-                    Err(e @ ConnectError::Refusal(_)) => {
-                        // Told why: retrying will not change it (a wrong token, another
-                        // protocol version).
-                        let _ = link_tx.send(Link::Closed {
-                            reason: e.to_string(),
-                        });
-                        return;
-                    }
-                    Err(_) => {}
-                }
-            }
-        })
-        .expect("a thread for the stream");
-    Feed {
-        events,
-        metrics,
-        dropped,
-        control: Control::Commands(commands_tx),
-        link,
-    }
-}
-
-/// Reads one connection's stream into the feed's queues until it ends.
-fn read_stream(
-    mut reader: BufReader<Conn>,
-    events: &Sender<Record>,
-    metrics: &Sender<Record>,
-    dropped: &AtomicU64,
-) -> StreamEnd {
-    let mut ended = false;
-    loop {
-        let line = match read_line_limited(&mut reader, MAX_SERVER_LINE) {
-            Ok(Some(line)) => line,
-            Ok(None) if ended => return StreamEnd::RunEnded,
-            Ok(None) => return StreamEnd::Dropped("the run closed the connection".into()),
-            Err(e) => return StreamEnd::Dropped(format!("the connection failed: {e}")),
-        };
-        let record = match ServerLine::parse(&line) {
-            Ok(ServerLine::Record(r)) => r,
-            Ok(ServerLine::Control(c)) => match c {
-                ServerControl::Dropped { records } => {
-                    dropped.fetch_add(records, Ordering::Relaxed);
-                    continue;
-                }
-                ServerControl::Error {
-                    message,
-                    fatal: true,
-                    ..
-                } => return StreamEnd::Closed(message),
-                ServerControl::Error { message, .. } => Record::new(
-                    0.0,
-                    0.0,
-                    note(Level::Warn, format!("the run said: {message}")),
-                ),
-                _ => continue,
-            },
-            // A newer producer's record kind: skipped, as the protocol says.
-            Err(BadRecord::UnknownKind(_)) => continue,
-            Err(e) => Record::new(
-                0.0,
-                0.0,
-                note(Level::Warn, format!("unreadable line ({e})")),
-            ),
-        };
-        ended |= matches!(
-            record.msg,
-            Telemetry::Finished(_) | Telemetry::Failed { .. }
-        );
-        if record.msg.is_high_rate() {
-            match metrics.try_send(record) {
-                Err(TrySendError::Full(_)) => {
-                    dropped.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(TrySendError::Disconnected(_)) => return StreamEnd::NobodyWatching,
-                Ok(()) => {}
-            }
-        } else if events.send(record).is_err() {
-            return StreamEnd::NobodyWatching;
+impl Resolved {
+    fn of(run: &LiveRun) -> Resolved {
+        Resolved {
+            target: Target::Unix(run.socket.clone()),
+            job: run.job.clone(),
         }
     }
 }
 
-fn note(level: Level, text: String) -> Telemetry {
-    Telemetry::Notice(Notice::new(level, "attach", text))
-}
-
-/// Sends the dashboard's commands on whatever connection is open.
-fn send_commands(
-    commands: Receiver<Command>,
-    writer: Arc<Mutex<Option<Conn>>>,
-    events: Sender<Record>,
-) {
-    for cmd in commands.iter() {
-        let line = ClientLine::Command(cmd.clone()).to_line();
-        let sent = match writer.lock().unwrap().as_mut() {
-            Some(conn) => send_line(conn, &line).is_ok(),
-            None => false,
-        };
-        if !sent {
-            let text = format!("{cmd:?} not sent: not connected to the run");
-            let _ = events.try_send(Record::new(0.0, 0.0, note(Level::Warn, text)));
-        }
-    }
-}
-
-/// An attach argument: a socket path, `HOST:PORT`, or a run's name (or `name-pid`, or a
-/// pid) among the local runs.
-pub fn target_of(arg: &str, runs: &[(String, u32, std::path::PathBuf)]) -> Result<Target, String> {
+/// An attach argument: a socket path, `HOST:PORT`, a run's name (or `name-pid`, or a pid)
+/// among the local runs, or a torchrun job: its id, or the name its ranks share before
+/// `.JOB.rankR`, which means its rank 0 (or `rank`).
+pub fn target_of(arg: &str, runs: &[LiveRun], rank: Option<u32>) -> Result<Resolved, String> {
     let p = Path::new(arg);
     if arg.contains('/') || arg.ends_with(".sock") {
-        return Ok(Target::Unix(p.to_path_buf()));
+        let run = runs.iter().find(|r| r.socket == p);
+        return match (run, rank) {
+            (Some(run), Some(r)) => rank_of_job(run, runs, r),
+            (Some(run), None) => Ok(Resolved::of(run)),
+            (None, Some(_)) => Err(format!(
+                "--rank needs a job: {arg} is not a socket of a job's rank here (see `headroom ls`)"
+            )),
+            (None, None) => Ok(Resolved {
+                target: Target::Unix(p.to_path_buf()),
+                job: None,
+            }),
+        };
     }
-    let matches: Vec<&(String, u32, std::path::PathBuf)> = runs
+    let matches: Vec<&LiveRun> = runs
         .iter()
-        .filter(|(name, pid, _)| {
-            name == arg || format!("{name}-{pid}") == arg || pid.to_string() == arg
+        .filter(|r| {
+            r.name == arg || format!("{}-{}", r.name, r.pid) == arg || r.pid.to_string() == arg
         })
         .collect();
     match matches.as_slice() {
-        [one] => return Ok(Target::Unix(one.2.clone())),
+        [one] => {
+            return match rank {
+                Some(r) => rank_of_job(one, runs, r),
+                None => Ok(Resolved::of(one)),
+            }
+        }
         [] => {}
         many => {
             return Err(format!(
                 "{} runs are named {arg}: give one as NAME-PID ({})",
                 many.len(),
                 many.iter()
-                    .map(|(n, p, _)| format!("{n}-{p}"))
+                    .map(|r| format!("{}-{}", r.name, r.pid))
                     .collect::<Vec<_>>()
                     .join(", ")
+            ))
+        }
+    }
+    // A job, by its id or by the name its ranks share.
+    let mut jobs: Vec<&str> = runs
+        .iter()
+        .filter_map(|r| {
+            let j = r.job.as_ref()?;
+            let by_base = r.name == format!("{arg}.{}.rank{}", j.id, j.rank);
+            (j.id == arg || by_base).then_some(j.id.as_str())
+        })
+        .collect();
+    jobs.sort_unstable();
+    jobs.dedup();
+    match jobs.as_slice() {
+        [id] => return rank_in(id, runs, rank.unwrap_or(0)),
+        [] => {}
+        many => {
+            return Err(format!(
+                "{} jobs run as {arg}: give one by its id ({})",
+                many.len(),
+                many.join(", ")
             ))
         }
     }
@@ -340,10 +194,109 @@ pub fn target_of(arg: &str, runs: &[(String, u32, std::path::PathBuf)]) -> Resul
         .rsplit_once(':')
         .is_some_and(|(_, port)| port.parse::<u16>().is_ok())
     {
-        return Ok(Target::Tcp(arg.to_string()));
+        if rank.is_some() {
+            return Err(format!(
+                "--rank picks among this machine's ranks; a remote rank is attached by its own \
+                 HOST:PORT (attaching rank 0's, {arg}, shows every rank's row)"
+            ));
+        }
+        return Ok(Resolved {
+            target: Target::Tcp(arg.to_string()),
+            job: None,
+        });
     }
     Err(format!(
-        "no running run is named {arg} (see `headroom ls`); give a run's name, its socket's \
-         path or HOST:PORT"
+        "no running run or job is named {arg} (see `headroom ls`); give a run's name, a job's \
+         id or name, its socket's path or HOST:PORT"
     ))
+}
+
+/// Rank `rank` of the job `run` belongs to.
+fn rank_of_job(run: &LiveRun, runs: &[LiveRun], rank: u32) -> Result<Resolved, String> {
+    match &run.job {
+        Some(j) => rank_in(&j.id, runs, rank),
+        None => Err(format!(
+            "--rank needs a job: {} is a lone run, not a rank of a torchrun job",
+            run.name
+        )),
+    }
+}
+
+/// Rank `rank` of job `id` among this machine's runs, or why it is not here.
+pub fn rank_in(id: &str, runs: &[LiveRun], rank: u32) -> Result<Resolved, String> {
+    let ranks: Vec<&LiveRun> = runs
+        .iter()
+        .filter(|r| r.job.as_ref().is_some_and(|j| j.id == id))
+        .collect();
+    if let Some(run) = ranks
+        .iter()
+        .find(|r| r.job.as_ref().is_some_and(|j| j.rank == rank))
+    {
+        return Ok(Resolved::of(run));
+    }
+    let world = ranks
+        .iter()
+        .filter_map(|r| r.job.as_ref().map(|j| j.world_size))
+        .max()
+        .unwrap_or(0);
+    let here: Vec<String> = ranks
+        .iter()
+        .filter_map(|r| r.job.as_ref().map(|j| j.rank.to_string()))
+        .collect();
+    if world > 0 && rank >= world {
+        return Err(format!(
+            "job {id} has {world} ranks (0-{}): there is no rank {rank}",
+            world - 1
+        ));
+    }
+    Err(format!(
+        "rank {rank} of job {id} does not serve on this machine (ranks here: {}); a rank on \
+         another machine is attached by its HOST:PORT and token (rank 0's shows every rank's \
+         row), see `headroom ls` there",
+        here.join(", ")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn rank(base: &str, job: &str, r: u32, pid: u32) -> LiveRun {
+        LiveRun {
+            name: format!("{base}.{job}.rank{r}"),
+            pid,
+            socket: PathBuf::from(format!("/rt/{base}.{job}.rank{r}-{pid}.sock")),
+            job: Some(JobRank {
+                id: job.into(),
+                rank: r,
+                local_rank: r,
+                world_size: 2,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_shared_name_of_two_jobs_asks_for_the_id_and_a_rank_name_is_that_rank() {
+        let runs = vec![
+            rank("ddp", "a1", 1, 11),
+            rank("ddp", "a1", 0, 10),
+            rank("ddp", "b2", 0, 20),
+        ];
+        let err = target_of("ddp", &runs, None).unwrap_err();
+        assert!(
+            err.contains("2 jobs run as ddp") && err.contains("a1, b2"),
+            "{err}"
+        );
+        let r = target_of("a1", &runs, None).unwrap();
+        assert_eq!(
+            r.target,
+            Target::Unix(runs[1].socket.clone()),
+            "rank 0 first"
+        );
+        let r = target_of("ddp.a1.rank1", &runs, None).unwrap();
+        assert_eq!(r.job.map(|j| j.rank), Some(1));
+        let err = target_of("host:7000", &runs, Some(1)).unwrap_err();
+        assert!(err.contains("its own HOST:PORT"), "{err}");
+    }
 }

@@ -1,4 +1,5 @@
 //! `headroom`: wires the trainer thread, the sampler, the log writer and the screen.
+mod attach;
 mod cli;
 mod client;
 mod headless;

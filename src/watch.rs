@@ -7,9 +7,9 @@ use headroom_core::protocol::Want;
 use headroom_ui::{DashboardOptions, Mode};
 
 use crate::cli::{AttachArgs, ReplayArgs};
-use crate::client;
+use crate::client::{self, Resolved};
 use crate::conn::Target;
-use crate::ls::{self, Found};
+use crate::ls;
 use crate::{out, rundir};
 
 pub fn ls() -> Result<ExitCode> {
@@ -39,7 +39,7 @@ fn token(args: &AttachArgs) -> Result<Option<String>> {
 }
 
 /// Which run to attach to: the argument, or the only live run, or the user's choice.
-fn choose(args: &AttachArgs) -> Result<Target> {
+fn choose(args: &AttachArgs) -> Result<Resolved> {
     let mut notes = Vec::new();
     let found = ls::scan(&mut |s| notes.push(s))?;
     for n in notes {
@@ -47,14 +47,21 @@ fn choose(args: &AttachArgs) -> Result<Target> {
     }
     let runs = ls::runs(&found);
     if let Some(arg) = &args.target {
-        return client::target_of(arg, &runs).map_err(|e| anyhow::anyhow!(e));
+        return client::target_of(arg, &runs, args.rank).map_err(|e| anyhow::anyhow!(e));
     }
+    if args.rank.is_some() {
+        bail!("--rank needs a job: name it (headroom attach JOB --rank R; see `headroom ls`)");
+    }
+    let pick = |i: usize| Resolved {
+        target: Target::Unix(runs[i].socket.clone()),
+        job: runs[i].job.clone(),
+    };
     match runs.len() {
         0 => bail!(
             "no runs are running (start one with `headroom train`; a remote run: headroom \
              attach HOST:PORT --token-file FILE, or forward its socket with ssh -L)"
         ),
-        1 => Ok(Target::Unix(runs[0].2.clone())),
+        1 => Ok(pick(0)),
         _ => {
             let table = ls::table(&found);
             if !std::io::stdin().is_terminal() {
@@ -64,23 +71,20 @@ fn choose(args: &AttachArgs) -> Result<Target> {
                     table.join("\n")
                 );
             }
-            out::err(&format!("   {}", table[0]));
-            for (i, line) in table[1..].iter().enumerate() {
-                out::err(&format!("{:>2} {line}", i + 1));
+            for line in &table {
+                out::err(&format!("   {line}"));
+            }
+            // Numbered by name, apart from the table: its rows are grouped by job and
+            // include runs that cannot be attached.
+            for (i, run) in runs.iter().enumerate() {
+                out::err(&format!("{:>2} {} (pid {})", i + 1, run.name, run.pid));
             }
             eprint!("attach to which run (1-{})? ", runs.len());
             let _ = std::io::stderr().flush();
             let mut answer = String::new();
             std::io::stdin().lock().read_line(&mut answer)?;
-            let live: Vec<&Found> = found
-                .iter()
-                .filter(|f| matches!(f, Found::Live(..)))
-                .collect();
             match answer.trim().parse::<usize>() {
-                Ok(n) if (1..=live.len()).contains(&n) => match live[n - 1] {
-                    Found::Live(sock, _) => Ok(Target::Unix(sock.clone())),
-                    Found::NotAnswering(..) => unreachable!("filtered"),
-                },
+                Ok(n) if (1..=runs.len()).contains(&n) => Ok(pick(n - 1)),
                 _ => bail!(
                     "no run chosen (answer with a number from 1 to {})",
                     runs.len()
@@ -91,7 +95,7 @@ fn choose(args: &AttachArgs) -> Result<Target> {
 }
 
 pub fn attach(args: AttachArgs) -> Result<ExitCode> {
-    let target = choose(&args)?;
+    let Resolved { target, job } = choose(&args)?;
     let token = token(&args)?;
     if matches!(target, Target::Tcp(_)) && token.is_none() {
         bail!(
@@ -105,7 +109,7 @@ pub fn attach(args: AttachArgs) -> Result<ExitCode> {
     if !std::io::stdout().is_terminal() {
         bail!("attach draws the dashboard: run it in a terminal");
     }
-    let feed = client::attach_feed(session, target.clone(), token);
+    let feed = crate::attach::feed(session, target.clone(), token, job);
     let opts = DashboardOptions {
         mode: Mode::Attached {
             address: target.to_string(),

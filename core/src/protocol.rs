@@ -294,6 +294,8 @@ pub struct CatchUp {
     pin: Option<(u64, Record)>,
     ended: Option<(u64, Record)>,
     segments: Option<(u64, Record)>,
+    /// A job's latest rows (rank 0 of a torchrun job): one per step, only the last counts.
+    job_ranks: Option<(u64, Record)>,
     steps: VecDeque<(u64, Record)>,
     samples: VecDeque<(u64, Record)>,
     events: VecDeque<(u64, Record)>,
@@ -310,6 +312,7 @@ impl CatchUp {
             pin: None,
             ended: None,
             segments: None,
+            job_ranks: None,
             steps: VecDeque::new(),
             samples: VecDeque::new(),
             events: VecDeque::new(),
@@ -336,6 +339,9 @@ impl CatchUp {
             }
             Telemetry::Sample(_) => push(&mut self.samples, self.limits.samples, item),
             Telemetry::Segments(_) => self.segments = Some(item),
+            // Sent at every step: in the event history they would push the run's events
+            // out of the catch-up.
+            Telemetry::JobRanks(_) => self.job_ranks = Some(item),
             Telemetry::Finished(_) | Telemetry::Failed { .. } => {
                 self.ended = Some(item.clone());
                 push(&mut self.events, self.limits.events, item)
@@ -364,6 +370,7 @@ impl CatchUp {
             &self.pin,
             &self.ended,
             &self.segments,
+            &self.job_ranks,
         ]
         .into_iter()
         .flatten()
@@ -540,6 +547,37 @@ mod tests {
         assert_eq!(kinds.iter().filter(|k| **k == "notice").count(), 4);
         let line = c.status_line(7, 0, 1.0);
         assert_eq!(line.status, "running");
+    }
+
+    #[test]
+    fn a_catch_up_keeps_only_the_latest_job_rows_and_every_event() {
+        let limits = CatchUpLimits {
+            steps: 2,
+            samples: 2,
+            events: 3,
+        };
+        let mut c = CatchUp::new(limits);
+        let rows = |step| {
+            Telemetry::JobRanks(crate::telemetry::JobRanks {
+                job: "j".into(),
+                step,
+                world_size: 2,
+                uniform_micro_batch: false,
+                agree_us: 100.0,
+                ranks: vec![],
+            })
+        };
+        for i in 0..3 {
+            c.keep(&Record::new(0.0, i as f64, notice(i)));
+        }
+        for step in 1..=50 {
+            c.keep(&Record::new(0.0, 10.0 + step as f64, rows(step)));
+        }
+        let out = c.records();
+        let kinds: Vec<&str> = out.iter().map(|r| r.msg.kind()).collect();
+        // One record per step would have pushed the three notices out of the history.
+        assert_eq!(kinds, ["notice", "notice", "notice", "job_ranks"]);
+        assert_eq!(out[3].msg, rows(50));
     }
 
     /// docs/PROTOCOL.md and these types say the same thing: every line of its worked

@@ -76,6 +76,9 @@ pub enum Telemetry {
     Failed {
         reason: String,
     },
+    /// A torchrun job's ranks, as rank 0 gathered them over the process group at `step`
+    /// (sent by rank 0 only; one row per rank, in rank order).
+    JobRanks(JobRanks),
 }
 
 impl Telemetry {
@@ -88,6 +91,7 @@ impl Telemetry {
                 | Telemetry::StepMemory(_)
                 | Telemetry::Sample(_)
                 | Telemetry::Segments(_)
+                | Telemetry::JobRanks(_)
         )
     }
 
@@ -109,6 +113,7 @@ impl Telemetry {
             Telemetry::StepMemory(_) => "step_memory",
             Telemetry::Finished(_) => "finished",
             Telemetry::Failed { .. } => "failed",
+            Telemetry::JobRanks(_) => "job_ranks",
         }
     }
 }
@@ -260,9 +265,75 @@ fn ratio(num: u64, den: u64) -> f64 {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// Every rank of a job at one agreement point (docs/PYTHON.md, "torchrun").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobRanks {
+    /// The job's id (torchrun's run id).
+    pub job: String,
+    /// The step whose agreement carried these rows (each row's own figures are of that
+    /// rank's last completed step, at most one step behind).
+    pub step: u64,
+    pub world_size: u32,
+    /// Whether every rank follows one micro-batch size (false: each rank's own controller
+    /// sizes its own micro-batches; the gradient all-reduce happens once per step).
+    pub uniform_micro_batch: bool,
+    /// Microseconds the agreement collective took on rank 0 (waiting for the slowest rank
+    /// included).
+    pub agree_us: f64,
+    pub ranks: Vec<RankRow>,
+}
+
+/// One rank's figures in a [`JobRanks`] record.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RankRow {
+    pub rank: u32,
+    /// The host the rank runs on.
+    pub host: String,
+    /// Steps this rank completed.
+    pub step: u64,
+    /// The micro-batch its controller holds now.
+    pub micro_batch: usize,
+    /// Its last step's peak, the limit that peak is a share of, and the share.
+    pub peak_bytes: u64,
+    pub limit_bytes: u64,
+    pub usage: f64,
+    /// Out-of-memory errors it caught (and recovered from) so far.
+    pub ooms: u64,
+    /// Its last step's wall time (its own work: micro-batches and optimizer).
+    pub step_time_s: f64,
+    /// Its share of the last step's loss (its own samples).
+    pub loss: Option<f64>,
+    pub status: RunStatus,
+    /// Commands it has carried out so far (a command reaches every rank; this counts the
+    /// confirmations).
+    pub commands_applied: u64,
+}
+
+impl JobRanks {
+    /// The rank closest to its limit (the one that bounds the job's memory).
+    pub fn tightest(&self) -> Option<u32> {
+        self.ranks
+            .iter()
+            .filter(|r| r.limit_bytes > 0)
+            .max_by(|a, b| a.usage.total_cmp(&b.usage))
+            .map(|r| r.rank)
+    }
+
+    /// The rank with the longest step (the one every other rank waits for).
+    pub fn slowest(&self) -> Option<u32> {
+        self.ranks
+            .iter()
+            .filter(|r| r.step_time_s > 0.0)
+            .max_by(|a, b| a.step_time_s.total_cmp(&b.step_time_s))
+            .map(|r| r.rank)
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunStatus {
+    /// (The default of a [`RankRow`] built field by field.)
+    #[default]
     Starting,
     Running,
     Paused,
@@ -445,6 +516,7 @@ mod schema_doc {
             "step_memory",
             "finished",
             "failed",
+            "job_ranks",
         ] {
             assert!(doc.contains(&format!("| `{kind}` |")), "{kind} missing");
         }

@@ -66,6 +66,9 @@ pub struct NativeRun {
     last_val_loss: Option<f64>,
     checkpoint: Option<String>,
     memory: MemorySummary,
+    /// The last step's limit and usage (a job's rows carry them).
+    last_limit: u64,
+    last_usage: f64,
 }
 
 impl NativeRun {
@@ -215,6 +218,18 @@ impl NativeRun {
             Command::Checkpoint | Command::FreeCache => return Some(cmd),
         }
         None
+    }
+
+    /// Keeps a command Python must carry out until it is confirmed; its `(id, kind)`.
+    fn hand_to_python(&mut self, cmd: Command) -> (u64, String) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let kind = match cmd {
+            Command::Checkpoint => "checkpoint",
+            _ => "free_cache",
+        };
+        self.pending.insert(id, cmd);
+        (id, kind.to_string())
     }
 
     /// Ends the run: the last records out, then every thread and socket gone. Called with
@@ -511,6 +526,8 @@ impl NativeRun {
             last_val_loss: None,
             checkpoint: None,
             memory: MemorySummary::default(),
+            last_limit: 0,
+            last_usage: 0.0,
         };
         run.thresholds_changed("config", None);
         run.send(Telemetry::Status {
@@ -619,6 +636,7 @@ impl NativeRun {
             .max(1);
         let usage = peak_bytes as f64 / limit as f64;
         self.memory.note_peak(peak_bytes, limit, usage);
+        (self.last_limit, self.last_usage) = (limit, usage);
         self.send(Telemetry::StepMemory(StepMemory {
             step,
             micro_batch,
@@ -763,17 +781,68 @@ impl NativeRun {
                 }
             };
             if let Some(cmd) = self.handle(cmd) {
-                let id = self.next_id;
-                self.next_id += 1;
-                let kind = match cmd {
-                    Command::Checkpoint => "checkpoint",
-                    _ => "free_cache",
-                };
-                self.pending.insert(id, cmd);
-                out.push((id, kind.to_string()));
+                out.push(self.hand_to_python(cmd));
             }
         }
         Ok(out)
+    }
+
+    /// A torchrun job's way in for commands: what viewers sent this rank, taken raw (as
+    /// protocol JSON), not acted on, so the job can hand every rank the same commands at
+    /// the same step. Waits up to `timeout_s` (the GIL released) when none is waiting.
+    #[pyo3(signature = (timeout_s=0.0))]
+    fn take_commands(&mut self, py: Python<'_>, timeout_s: f64) -> PyResult<Vec<String>> {
+        let mut out = Vec::new();
+        while let Ok(c) = self.commands.try_recv() {
+            out.push(serde_json::to_string(&c).map_err(value_error)?);
+        }
+        if out.is_empty() && timeout_s > 0.0 {
+            let rx = self.commands.clone();
+            let wait = Duration::from_secs_f64(timeout_s.min(5.0));
+            if let Ok(c) = py.detach(move || rx.recv_timeout(wait)) {
+                out.push(serde_json::to_string(&c).map_err(value_error)?);
+            }
+            py.check_signals()?;
+        }
+        Ok(out)
+    }
+
+    /// Acts on commands the job agreed on (every rank gets the same list, in the same
+    /// order), exactly as [`NativeRun::poll`] acts on a viewer's; returns `(id, kind)` for
+    /// what Python must carry out. A command this build does not know is refused loudly.
+    fn apply_commands(&mut self, commands: Vec<String>) -> PyResult<Vec<(u64, String)>> {
+        let mut out = Vec::new();
+        for text in commands {
+            let cmd: Command = serde_json::from_str(&text).map_err(|e| {
+                value_error(format!("a job command {text:?} is not understood: {e}"))
+            })?;
+            if let Some(cmd) = self.handle(cmd) {
+                out.push(self.hand_to_python(cmd));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Rank 0 of a job: every rank's row at this step's agreement (a `JobRanks` record,
+    /// as JSON).
+    fn job_ranks(&self, record: &str) -> PyResult<()> {
+        self.bus()?;
+        let rows: headroom_core::JobRanks =
+            serde_json::from_str(record).map_err(|e| value_error(format!("job_ranks: {e}")))?;
+        self.send(Telemetry::JobRanks(rows));
+        Ok(())
+    }
+
+    /// Out-of-memory errors caught so far.
+    #[getter]
+    fn ooms(&self) -> u64 {
+        self.memory.ooms
+    }
+
+    /// The last step's limit (bytes) and usage (peak / limit); 0 before the first.
+    #[getter]
+    fn last_memory(&self) -> (u64, f64) {
+        (self.last_limit, self.last_usage)
     }
 
     /// A stop asked by a signal (`why`, e.g. "SIGTERM"): as the dashboard's stop, said

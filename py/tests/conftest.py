@@ -160,9 +160,10 @@ def cnn_batches(steps: int, n: int, seed: int = 0):
     return out
 
 
-def spawn(argv: list[str]) -> subprocess.Popen:
+def spawn(argv: list[str], new_session: bool = False) -> subprocess.Popen:
     """Starts `python ARGV…` in its own process (a hard cap, signals and torchrun are
-    process-wide), with this directory importable (the scripts use conftest's models)."""
+    process-wide), with this directory importable (the scripts use conftest's models).
+    `new_session`: in a session of its own, so its children can be killed with it."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parent), env.get("PYTHONPATH", "")]
@@ -173,6 +174,7 @@ def spawn(argv: list[str]) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        start_new_session=new_session,
     )
 
 

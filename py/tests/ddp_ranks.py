@@ -1,5 +1,7 @@
 """One rank of a torchrun job (test_torchrun.py): watches its own steps on its own
-stream, tries adaptive mode under the process group (refused), and holds until told."""
+stream (each report joins the job's agreement, so rank 0 serves every rank's row), holds
+until told, then tries adaptive mode with models it cannot make safe (refused: a model
+not wrapped in DDP, and FSDP2's fully_shard, whose forward runs collectives)."""
 
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ def main() -> int:
     rank = dist.get_rank()
     model = torch.nn.parallel.DistributedDataParallel(TinyCNN())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with headroom.Run("ddp", model=model.module) as run:
+    log = Path(args.release).parent / f"watch-rank{rank}.jsonl"
+    with headroom.Run("ddp", model=model.module, log=log) as run:
         for b in cnn_batches(3, 8, seed=rank):
             loss = torch.nn.functional.cross_entropy(model(b[0]), b[1])
             loss.backward()
@@ -40,7 +43,20 @@ def main() -> int:
         with headroom.Run("ddp-adaptive", model=model.module, effective_batch=8) as run:
             run.backward(cnn_batches(1, 8)[0], model.module.loss)
     except headroom.RunError as e:
-        print(f"rank {rank} refused: {e}", flush=True)
+        print(f"rank {rank} refused plain: {e}", flush=True)
+    try:
+        from torch.distributed.fsdp import fully_shard
+
+        sharded = TinyCNN()
+        fully_shard(sharded)
+    except Exception as e:  # an FSDP2 this torch cannot build on a CPU: nothing to refuse
+        print(f"rank {rank} no fsdp: {type(e).__name__}: {e}", flush=True)
+    else:
+        try:
+            with headroom.Run("fsdp-adaptive", model=sharded, effective_batch=8) as run:
+                run.backward(cnn_batches(1, 8)[0], sharded.loss)
+        except headroom.RunError as e:
+            print(f"rank {rank} refused fsdp: {e}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -1,5 +1,6 @@
 """Under torchrun every rank serves its own stream, named by job and rank; `headroom ls`
-lists a job's ranks together; adaptive mode under a process group refuses, never hangs."""
+lists a job's ranks together; rank 0 of a watched job logs every rank's row; adaptive mode
+refuses what it cannot make safe (a model not in DDP, FSDP), never hangs."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import headroom_bin, spawn
+from conftest import headroom_bin, kinds, spawn
 
 HERE = Path(__file__).resolve().parent
 
@@ -50,6 +51,14 @@ def test_each_rank_serves_and_ls_groups_the_job(tmp_path, runtime_dir):
         if job.poll() is None:
             job.kill()
     assert job.returncode == 0, err
+    rows = kinds(tmp_path / "watch-rank0.jsonl", "job_ranks")
+    assert [r["step"] for r in rows] == [1, 2, 3], rows
+    assert [[row["rank"] for row in r["ranks"]] for r in rows] == [[0, 1]] * 3
+    assert rows[-1]["ranks"][1]["step"] == 3 and rows[-1]["ranks"][1]["loss"] is not None
+    assert not kinds(tmp_path / "watch-rank1.jsonl", "job_ranks")
     for rank in (0, 1):
-        assert f"rank {rank} refused: run.backward() under an initialised process group" in out
-        assert "deadlock" in out
+        assert f"rank {rank} refused plain: adaptive mode under a process group" in out, out
+        assert "DistributedDataParallel" in out
+        if f"rank {rank} no fsdp" not in out:
+            assert f"rank {rank} refused fsdp: adaptive mode under a process group" in out, out
+            assert "FSDP" in out

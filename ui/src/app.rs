@@ -11,6 +11,7 @@ use headroom_core::{
 use crate::editor::{next_profile, EditStatus, ThresholdEditor};
 use crate::feed::{Link, ReplayControl};
 use crate::history::{History, Merge};
+use crate::job::{rank_of_name, JobView};
 use crate::keys::{dashboard_context, Action, KeyContext};
 use crate::mode::{LinkView, Mode, ReplayView};
 use crate::policy::{is_refusal, PolicyState};
@@ -92,6 +93,8 @@ pub enum Reaction {
     Detach,
     /// Steer the replay.
     Replay(ReplayControl),
+    /// Show this rank of the job: the client switches the panels to its stream.
+    SelectRank(u32),
 }
 
 /// The panel keys like arrows act on; drawn with a highlighted border.
@@ -204,6 +207,8 @@ pub struct App {
     pub replay: Option<ReplayView>,
     /// "stop the run? y/n" is asked (attached views).
     pub confirm_stop: bool,
+    /// A torchrun job's rows, once rank 0 sent some, and the rank selected.
+    pub job: Option<JobView>,
 }
 
 impl App {
@@ -238,6 +243,7 @@ impl App {
             link: LinkView::Up,
             replay: None,
             confirm_stop: false,
+            job: None,
         }
     }
 
@@ -258,6 +264,9 @@ impl App {
         fresh.focus = self.focus;
         fresh.window = self.window;
         fresh.dropped = self.dropped;
+        // Rank 0's rows and the selection outlive a switch of the panels to another
+        // rank's stream (which starts the run's state afresh).
+        fresh.job = self.job.take();
         *self = fresh;
     }
 
@@ -303,7 +312,21 @@ impl App {
                 self.editor = None;
                 self.log(Level::Warn, format!("connection closed: {reason}"));
             }
+            Link::RankUnreachable { rank, reason } => {
+                if let Some(job) = &mut self.job {
+                    job.unreachable = Some((*rank, reason.clone()));
+                }
+                self.log(
+                    Level::Warn,
+                    format!("rank {rank}'s panels cannot be shown: {reason}"),
+                );
+            }
         }
+    }
+
+    /// The rank whose stream the panels show: a torchrun rank's name ends in `.rankR`.
+    pub fn panels_rank(&self) -> Option<u32> {
+        rank_of_name(&self.run_name)
     }
 
     /// Which meaning keys have right now: the editor and the y/n question are modal.
@@ -401,6 +424,10 @@ impl App {
                 }
             }
             Telemetry::Segments(map) => self.segments = Some(map.clone()),
+            Telemetry::JobRanks(rows) => match &mut self.job {
+                Some(job) => job.update(rows.clone(), t),
+                None => self.job = Some(JobView::new(rows.clone(), t, self.panels_rank())),
+            },
             Telemetry::Status { status } => {
                 self.status = *status;
                 self.log_at(
@@ -561,6 +588,11 @@ impl App {
                 Reaction::Nothing
             }
             Action::Replay(control) if self.mode.is_replay() => Reaction::Replay(control),
+            Action::ShiftRank(by) => match self.job.as_ref().and_then(|j| j.shifted(by)) {
+                Some(rank) => self.select_rank(rank),
+                None => Reaction::Nothing,
+            },
+            Action::PickRank(rank) => self.select_rank(rank),
             Action::StopRun | Action::Replay(_) | Action::Confirm(_) => Reaction::Nothing,
             // A finished run takes no commands; the editor's keys need the editor.
             Action::EditThresholds
@@ -638,6 +670,34 @@ impl App {
                 Reaction::Nothing
             }
         }
+    }
+
+    /// Marks `rank` selected and asks for its panels, where a client can switch them.
+    fn select_rank(&mut self, rank: u32) -> Reaction {
+        let Some(job) = &mut self.job else {
+            return Reaction::Nothing;
+        };
+        if !job.select(rank) {
+            let n = job.rows.world_size;
+            let text = format!(
+                "no rank {rank}: the job has {n} (0-{})",
+                n.saturating_sub(1)
+            );
+            self.log(Level::Warn, text);
+            return Reaction::Nothing;
+        }
+        if self.mode.is_replay() {
+            let panels = rank_of_name(&self.run_name);
+            if panels != Some(rank) {
+                let shown = panels.map_or("the log's".to_string(), |p| format!("rank {p}'s"));
+                job.unreachable = Some((
+                    rank,
+                    format!("this replay has {shown} log only (replay rank {rank}'s log to see its panels)"),
+                ));
+            }
+            return Reaction::Nothing;
+        }
+        Reaction::SelectRank(rank)
     }
 
     /// The answer to "stop the run? y/n": only `y` sends the stop.

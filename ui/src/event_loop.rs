@@ -146,6 +146,7 @@ pub fn drive_with<B: Backend>(
         mut metrics,
         dropped,
         control,
+        select_rank,
         mut link,
     } = feed;
     let mut app = App::new(&opts.run_name, opts.color).with_mode(opts.mode.clone());
@@ -196,6 +197,12 @@ pub fn drive_with<B: Backend>(
                                 break;
                             }
                             Reaction::Suspend => suspend_now = true,
+                            Reaction::SelectRank(rank) => {
+                                // The client switches the panels and says if it cannot.
+                                if let Some(tx) = &select_rank {
+                                    let _ = tx.try_send(rank);
+                                }
+                            }
                         }
                         draw_now = true;
                     }

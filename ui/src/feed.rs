@@ -26,6 +26,9 @@ pub struct Feed {
     pub dropped: Arc<AtomicU64>,
     /// Where the screen's keys go.
     pub control: Control,
+    /// Where a job's rank selection goes (an attached client switches the panels to that
+    /// rank's stream); `None` where nothing can switch (in-process, a replay).
+    pub select_rank: Option<Sender<u32>>,
     /// News of the connection to the run: `never()` where there is no connection to
     /// lose (in-process; a replay, unless its log is truncated under it).
     pub link: Receiver<Link>,
@@ -45,6 +48,7 @@ impl Feed {
             metrics,
             dropped,
             control: Control::Commands(commands),
+            select_rank: None,
             link: never(),
         }
     }
@@ -87,6 +91,9 @@ pub enum Link {
     Retrying { attempt: u32, in_s: f64 },
     /// No more attempts: the run ended, or the server refused this viewer.
     Closed { reason: String },
+    /// The selected rank's stream cannot be shown (another machine, gone); the panels
+    /// stay on the rank they show. Not news of this connection: it stays up.
+    RankUnreachable { rank: u32, reason: String },
 }
 
 /// Keys of a replay, for the replay thread.

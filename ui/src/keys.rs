@@ -54,6 +54,10 @@ pub enum Action {
     Confirm(bool),
     /// Replay: steer the replay (its keys take the batch keys' places).
     Replay(ReplayControl),
+    /// A job: select the rank this many ranks on (negative: back), wrapping.
+    ShiftRank(i32),
+    /// A job: select this rank.
+    PickRank(u32),
 }
 
 /// Where a key arrives: the same key means different things in the editor.
@@ -136,6 +140,9 @@ fn dashboard_action(code: KeyCode) -> Option<Action> {
         KeyCode::Char('-') => Some(Action::HalveBatch),
         KeyCode::Char('f') => Some(Action::FreeCache),
         KeyCode::Char('e') => Some(Action::ToggleEvents),
+        KeyCode::Char('[') => Some(Action::ShiftRank(-1)),
+        KeyCode::Char(']') => Some(Action::ShiftRank(1)),
+        KeyCode::Char(c @ '0'..='9') => Some(Action::PickRank(c as u32 - '0' as u32)),
         _ => None,
     }
 }
@@ -203,6 +210,11 @@ pub const BINDINGS: &[(&str, &str, &str)] = &[
         "e",
         "events",
         "every event in full, scrollable (e or Esc closes)",
+    ),
+    (
+        "[ ]",
+        "rank",
+        "a job's previous / next rank: its row and its panels (0-9 too)",
     ),
     ("Tab", "focus", "focus the next panel (Shift-Tab: previous)"),
     (
@@ -458,6 +470,7 @@ mod tests {
                 "←→" => vec![KeyCode::Left, KeyCode::Right],
                 "+/-" => vec![KeyCode::Char('+'), KeyCode::Char('-')],
                 "Space" => vec![KeyCode::Char(' ')],
+                "[ ]" => vec![KeyCode::Char('['), KeyCode::Char(']')],
                 k => k.chars().map(KeyCode::Char).collect(),
             }
         };
@@ -494,6 +507,23 @@ mod tests {
         }
         assert_eq!(dash(KeyCode::Char('z')), None);
         assert_eq!(dash(KeyCode::Char('e')), Some(Action::ToggleEvents));
+    }
+
+    #[test]
+    fn brackets_and_digits_select_a_rank_in_every_view_but_the_editor() {
+        for context in [
+            KeyContext::Dashboard,
+            KeyContext::Attached,
+            KeyContext::Replay,
+        ] {
+            let k = |code| action_for(key(code), context);
+            assert_eq!(k(KeyCode::Char('[')), Some(Action::ShiftRank(-1)));
+            assert_eq!(k(KeyCode::Char(']')), Some(Action::ShiftRank(1)));
+            assert_eq!(k(KeyCode::Char('0')), Some(Action::PickRank(0)));
+            assert_eq!(k(KeyCode::Char('7')), Some(Action::PickRank(7)));
+        }
+        assert_eq!(edit(KeyCode::Char(']')), None);
+        assert_eq!(edit(KeyCode::Char('1')), None);
     }
 
     #[test]

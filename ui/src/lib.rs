@@ -9,6 +9,7 @@ pub mod editor;
 pub mod event_loop;
 pub mod feed;
 pub mod history;
+pub mod job;
 pub mod keys;
 pub mod mode;
 pub mod policy;

@@ -121,6 +121,7 @@ pub fn replay_feed(path: &Path, opts: ReplayOptions) -> io::Result<Feed> {
             control: control_tx,
             state,
         }),
+        select_rank: None,
         link,
     })
 }

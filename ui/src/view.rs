@@ -4,6 +4,7 @@ mod editor;
 mod events;
 mod footer;
 mod gauge;
+mod ranks;
 mod text;
 mod training;
 mod usage_chart;
@@ -36,15 +37,17 @@ pub fn render(frame: &mut Frame, app: &App) {
     // At 24 rows the memory and training panels get 5 lines each and shed their least
     // useful ones (see `keep_most_important`); one more row lets them show everything.
     let top_rows = if area.height >= 26 { 8 } else { 7 };
-    // Header, footer and the charts' 8 rows besides these; on short terminals the log
-    // gives up rows first, down to two entries.
-    let event_rows = area.height.saturating_sub(13 + top_rows).clamp(3, 7);
-    let [header, top, details, charts, events, footer] = Layout::vertical([
+    let rows = split_rows(
+        area.height.saturating_sub(5 + top_rows + detail_rows),
+        ranks::wanted_rows(app),
+    );
+    let [header, top, details, job, charts, events, footer] = Layout::vertical([
         Constraint::Length(4),
         Constraint::Length(top_rows),
         Constraint::Length(detail_rows),
-        Constraint::Min(8),
-        Constraint::Length(event_rows),
+        Constraint::Length(rows.job),
+        Constraint::Length(rows.charts),
+        Constraint::Length(rows.events),
         Constraint::Length(1),
     ])
     .areas(area);
@@ -80,8 +83,13 @@ pub fn render(frame: &mut Frame, app: &App) {
     render_header(frame, app, header);
     render_memory(frame, app, memory);
     training::render(frame, app, batch);
-    render_memory_chart(frame, app, mem_chart);
-    render_loss_chart(frame, app, loss_chart);
+    if rows.job > 0 {
+        ranks::render(frame, app, job);
+    }
+    if rows.charts > 0 {
+        render_memory_chart(frame, app, mem_chart);
+        render_loss_chart(frame, app, loss_chart);
+    }
     events::render_panel(frame, app, events);
     render_footer(frame, app, footer);
     if app.show_events {
@@ -93,6 +101,41 @@ pub fn render(frame: &mut Frame, app: &App) {
     }
     if app.show_help {
         render_help(frame, app, area);
+    }
+}
+
+/// Rows of the middle of the screen: a job's ranks, the charts and the event log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct MiddleRows {
+    job: u16,
+    charts: u16,
+    events: u16,
+}
+
+/// Shares `rest` rows between the job panel (which wants `job_wants`, 0 without a job),
+/// the charts and the event log. Without a job: the charts take 8 rows or more and the
+/// log gives up rows first, down to three. With one, the ranks come before the charts
+/// (at most half of the room when the job is large): charts of fewer than 6 rows show
+/// nothing readable, so on a short terminal they go and the log keeps the rest.
+fn split_rows(rest: u16, job_wants: u16) -> MiddleRows {
+    let job =
+        job_wants
+            .min(rest.saturating_sub(3))
+            .min(if job_wants > 0 { 7.max(rest / 2) } else { 0 });
+    let left = rest - job;
+    let events = left.saturating_sub(8).clamp(3, 7).min(left);
+    let charts = left - events;
+    if charts < 6 && job > 0 {
+        return MiddleRows {
+            job,
+            charts: 0,
+            events: left,
+        };
+    }
+    MiddleRows {
+        job,
+        charts,
+        events,
     }
 }
 
@@ -149,7 +192,15 @@ fn render_header(frame: &mut Frame, app: &App, area: Rect) {
     ));
     // Where the picture comes from, on the right of the title: a viewer must never be
     // mistaken for the run's own screen.
-    if let Some(tag) = app.mode.tag() {
+    // A job's view moves its panels between ranks' sockets: it says which rank they show
+    // (the title's run name holds the job's id), not the socket it first attached to.
+    let tag = match (&app.job, app.panels_rank()) {
+        (Some(_), Some(rank)) if app.mode.is_attached() => {
+            Some(format!("attached to the job · rank {rank}'s panels"))
+        }
+        _ => app.mode.tag(),
+    };
+    if let Some(tag) = tag {
         let room = (area.width as usize).saturating_sub(width(&title) + 6);
         if room > 8 {
             block = block.title_top(

@@ -212,6 +212,7 @@ impl Harness {
                 metrics: metric_rx,
                 dropped: Arc::new(AtomicU64::new(0)),
                 control,
+                select_rank: None,
                 link: link_rx,
             };
             let mut host = CountingHost(Arc::clone(&loop_probe.suspends));

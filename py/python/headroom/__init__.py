@@ -20,6 +20,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     ) from e
 
 from ._batch import BatchError
+from ._dist import RankFailed
 from ._native import PROTOCOL, VERSION
 from ._run import LossError, OptimizerStepFailed, OutOfMemory, Run, RunError
 
@@ -31,6 +32,7 @@ __all__ = [
     "LossError",
     "OptimizerStepFailed",
     "OutOfMemory",
+    "RankFailed",
     "Run",
     "RunError",
     "__version__",

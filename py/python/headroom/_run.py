@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _batch, _native, _torch
+from . import _batch, _dist, _native, _torch
 
 LossFn = Callable[[Any], torch.Tensor]
 
@@ -105,6 +105,7 @@ class Run:
         listen: str | int | None = None,
         on_checkpoint: Callable[[int], Any] | None = None,
         sample_hz: float = 4.0,
+        job_view: bool = True,
     ):
         global _current
         with _current_lock:
@@ -147,6 +148,10 @@ class Run:
                     int(ranks["LOCAL_RANK"] or ranks["RANK"]),
                     int(ranks["WORLD_SIZE"]),
                 )
+            world = _dist.world_size()
+            joined = ranks is not None and world > 1 and (effective_batch is not None or job_view)
+            if joined and effective_batch is not None:
+                _dist.refuse_unsupported(model, world)
             budget = None
             if memory_budget is not None and memory_budget != "":
                 budget = str(memory_budget) if isinstance(memory_budget, int) else memory_budget
@@ -182,6 +187,12 @@ class Run:
                 adaptive=bool(adaptive) and self._adaptive,
                 job=job,
             )
+            self._job = None
+            self._job_commands: list[str] = []
+            if joined:
+                # Collective: every rank's Run gets here (docs/PYTHON.md, torchrun).
+                self._job = _dist.Job(self, model, self._params, job[0])
+                self._say_job(world)
             self._meter = _torch.PeakMeter(self.device)
             if not self._meter.exact:
                 self.notice(
@@ -260,6 +271,16 @@ class Run:
             os.kill(os.getpid(), signum)
             return
         self._signalled = signum
+        if self._job is not None:
+            # Every rank stops at the same step: the job agrees on it at the next step.
+            self._job.on_signal(name)
+            self._native.notice_text(
+                f"{name}: the job stops at the next step's agreement, every rank at the same "
+                f"step (a second {name} ends this process at once)",
+                level="warn",
+                source="signal",
+            )
+            return
         self._native.request_stop(name)
         # Said at once on stderr too (the log and the dashboard have the notice).
         what = (
@@ -276,8 +297,10 @@ class Run:
     def _abandon_step_requested(self) -> bool:
         """Whether the step in progress is to be given up at this micro-batch boundary
         (a stop signal arrived). One place to ask, so that under a process group every
-        rank can be made to give up at the same boundary."""
-        return self._signalled is not None
+        rank can be made to give up at the same boundary. Under a process group it is
+        not yet agreed between ranks, so a rank there finishes its step and stops at the
+        step's end, as before."""
+        return self._job is None and self._signalled is not None
 
     def _stop_between_micro_batches(self, done: int, samples: int) -> None:
         """Called in run.backward() before each micro-batch. After a stop signal the step
@@ -401,6 +424,9 @@ class Run:
         if not math.isfinite(value):
             self.notice(f"step {step}: the loss is {value}", level="warn")
         self._step = step
+        if self._job is not None:
+            self._job_note(n, peak, dt, value)
+            self._job_agreed(step, self._job.agree(step))
         self._boundary()
 
     # ---- adaptive ------------------------------------------------------------------------
@@ -439,7 +465,9 @@ class Run:
             )
         if reduction not in ("mean", "sum"):
             raise ValueError(f'reduction={reduction!r}: use "mean" or "sum"')
-        _refuse_distributed()
+        if self._job is None:
+            _refuse_distributed()
+        job = self._job
         if split is None:
             n = _batch.size_of(batch)
             cut = _batch.take
@@ -461,75 +489,90 @@ class Run:
         mb, free = self._native.before_step(step, seq)
         if free:
             _torch.free_memory(self.device)
+        if job is not None:
+            job.sync_buffers(step)
+        try:
+            with job.no_sync() if job is not None else contextlib.nullcontext():
+                total, mb, predicted = self._accumulate(
+                    batch, loss_fn, cut, n, seq, step, mb, reduction
+                )
+            value = float(total)
+            if not math.isfinite(value):
+                raise LossError(
+                    f"step {step}: the batch's loss is {value} (training diverged, or the data "
+                    "holds a NaN/inf); the gradients were cleared. Lower the learning rate or "
+                    "check the batch"
+                )
+        except BaseException as e:
+            # Whatever ends the step early (a bad loss, an error in loss_fn, Ctrl-C)
+            # leaves no gradient of it behind: a retried step starts clean.
+            self._clear_grads()
+            if job is not None:
+                self._job_fail(step, e)
+            raise
+        if job is not None:
+            agreed = job.agree(step)
+            self._job_agreed(step, agreed)
+            job.reduce(step, agreed.grads_agree)
+        self._accumulated = (step, mb, seq, n, t0, value, predicted)
+        return value
+
+    def _accumulate(self, batch, loss_fn, cut, n: int, seq: int, step: int, mb: int, reduction):
+        """The micro-batches of one step, forward and backward, with out-of-memory errors
+        caught and the remaining samples retried smaller; returns the weighted loss, the
+        micro-batch it ended at and the memory predicted for it."""
         total = torch.zeros((), device=self.device)
         start = 0
         self._meter.reset()
         predicted = self._native.predicted_bytes(mb, seq)
-        try:
-            while start < n:
-                self._stop_between_micro_batches(start, n)
-                end = min(n, start + mb)
-                failed = None
-                in_backward = False
-                versions = self._grad_versions()
-                try:
-                    loss = loss_fn(cut(batch, start, end))
-                    _check_loss(loss, step, start, end)
-                    weight = (end - start) / n if reduction == "mean" else 1.0
-                    in_backward = True
-                    (loss * weight).backward()
-                    total += loss.detach() * weight
-                except Exception as e:
-                    if not _torch.is_oom(e, capped=self._hard_limit):
-                        raise
-                    failed = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                loss = None
-                if failed is None:
-                    start = end
-                    continue
-                # Out of memory: the attempt's tensors went with its frames.
-                restart = in_backward and self._grads_changed(versions)
-                retry, _ = self._native.oom(step, mb, seq, failed)
-                _torch.free_memory(self.device)
-                if retry is None:
-                    self._clear_grads()
-                    raise OutOfMemory(
-                        f"step {step} ran out of memory at micro-batch {mb} ({seq} tokens per "
-                        f"sample) repeatedly: {failed}. Give the run more memory or make a "
-                        "sample smaller"
-                    )
-                if restart:
-                    # The backward had already added part of this micro-batch's gradients:
-                    # they cannot be told apart from the completed ones', so the step's
-                    # samples start over (exact, at the cost of recomputing them).
-                    self.notice(
-                        f"step {step}: the out-of-memory error struck after gradients were "
-                        "partly accumulated; the step's samples start over at micro-batch "
-                        f"{retry}",
-                        level="warn",
-                    )
-                    self._clear_grads()
-                    total = torch.zeros((), device=self.device)
-                    start = 0
-                mb = retry
-                self._meter.reset()
-                predicted = self._native.predicted_bytes(mb, seq)
-        except BaseException:
-            # Whatever ends the step early (a bad loss, an error in loss_fn, Ctrl-C)
-            # leaves no gradient of it behind: a retried step starts clean.
-            self._clear_grads()
-            raise
-
-        value = float(total)
-        if not math.isfinite(value):
-            self._clear_grads()
-            raise LossError(
-                f"step {step}: the batch's loss is {value} (training diverged, or the data "
-                "holds a NaN/inf); the gradients were cleared. Lower the learning rate or "
-                "check the batch"
-            )
-        self._accumulated = (step, mb, seq, n, t0, value, predicted)
-        return value
+        while start < n:
+            self._stop_between_micro_batches(start, n)
+            end = min(n, start + mb)
+            failed = None
+            in_backward = False
+            versions = self._grad_versions()
+            try:
+                loss = loss_fn(cut(batch, start, end))
+                _check_loss(loss, step, start, end)
+                weight = (end - start) / n if reduction == "mean" else 1.0
+                in_backward = True
+                (loss * weight).backward()
+                total += loss.detach() * weight
+            except Exception as e:
+                if not _torch.is_oom(e, capped=self._hard_limit):
+                    raise
+                failed = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            loss = None
+            if failed is None:
+                start = end
+                continue
+            # Out of memory: the attempt's tensors went with its frames.
+            restart = in_backward and self._grads_changed(versions)
+            retry, _ = self._native.oom(step, mb, seq, failed)
+            _torch.free_memory(self.device)
+            if retry is None:
+                raise OutOfMemory(
+                    f"step {step} ran out of memory at micro-batch {mb} ({seq} tokens per "
+                    f"sample) repeatedly: {failed}. Give the run more memory or make a "
+                    "sample smaller"
+                )
+            if restart:
+                # The backward had already added part of this micro-batch's gradients:
+                # they cannot be told apart from the completed ones', so the step's
+                # samples start over (exact, at the cost of recomputing them).
+                self.notice(
+                    f"step {step}: the out-of-memory error struck after gradients were "
+                    "partly accumulated; the step's samples start over at micro-batch "
+                    f"{retry}",
+                    level="warn",
+                )
+                self._clear_grads()
+                total = torch.zeros((), device=self.device)
+                start = 0
+            mb = retry
+            self._meter.reset()
+            predicted = self._native.predicted_bytes(mb, seq)
+        return total, mb, predicted
 
     def step(
         self,
@@ -552,7 +595,12 @@ class Run:
             advice = _torch.optimizer_advice(optimizer)
             if advice:
                 self.notice(advice, level="warn")
-        self._optimizer_step(optimizer, step)
+        try:
+            self._optimizer_step(optimizer, step)
+        except BaseException as e:
+            if self._job is not None:
+                self._job_fail(step, e)
+            raise
         if zero_grad:
             optimizer.zero_grad(set_to_none=True)
         self._accumulated = None
@@ -564,6 +612,8 @@ class Run:
         lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
         self._native.step(step, value, mb, n, seq, dt, n * seq, _opt(lr), _opt(grad_norm))
         self._step = step
+        if self._job is not None:
+            self._job_note(next_mb, peak, dt, value)
         self._boundary()
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer, step: int) -> None:
@@ -614,6 +664,92 @@ class Run:
     def _clear_grads(self) -> None:
         for p in self._params:
             p.grad = None
+
+    # ---- a torchrun job -------------------------------------------------------------------
+
+    def _say_job(self, world: int) -> None:
+        job = self._job
+        if self._adaptive:
+            text = (
+                f"torchrun job {job.job_id}: rank {job.rank} of {world}; effective_batch "
+                f"{self._effective} is per rank, so the global batch is {self._effective * world} "
+                "samples per step. Each rank's controller sizes its own micro-batches (all under "
+                "DDP's no_sync(), so an out-of-memory error stays local); after every rank's "
+                "micro-batches the ranks agree, then the gradients are all-reduced once"
+            )
+        else:
+            text = (
+                f"torchrun job {job.job_id}: rank {job.rank} of {world}, watched; each report "
+                "joins the job's agreement (rank 0 serves every rank's row; commands reach "
+                "every rank at the same step)"
+            )
+        self.notice(text)
+
+    def _job_note(self, micro_batch: int, peak: int, dt: float, loss: float) -> None:
+        """This rank's figures for its row at the next agreement."""
+        limit, usage = self._native.last_memory
+        self._job.last = {
+            "micro_batch": float(micro_batch),
+            "peak": float(peak),
+            "limit": float(limit),
+            "usage": usage,
+            "step_time": dt,
+            "loss": loss,
+        }
+
+    def _job_fail(self, step: int, error: BaseException) -> None:
+        """This rank cannot finish the step: the others learn why at the agreement,
+        instead of waiting there for it."""
+        if isinstance(error, _dist.RankFailed):
+            return
+        text = f"{type(error).__name__}: {error}".strip()
+        # Best effort: the original error is what this rank raises either way.
+        with contextlib.suppress(Exception):
+            self._job.agree(step, _dist.FAILED, error=text)
+
+    def _job_agreed(self, step: int, a: _dist.Agreement) -> None:
+        """What the agreement says every rank does: end (another rank failed), take the
+        commands at this step's end, stop after this step."""
+        if a.failed:
+            self._clear_grads()
+            rank, text = next(iter(a.failed.items()))
+            raise _dist.RankFailed(
+                f"step {step}: rank {rank} of the job failed ({text}); rank {self._job.rank} "
+                "ends too"
+            )
+        self._job_commands = a.commands
+        if a.stop_by and not self._native.stop_requested:
+            who = ", ".join(map(str, a.stop_by))
+            self._native.request_stop(
+                f"a stop signal (rank {who}); every rank of the job stops after step {step}"
+            )
+
+    def _job_boundary(self) -> None:
+        """The step boundary of a job: the commands agreed on, then, while paused, rounds
+        of the agreement every 100 ms, so every rank resumes (or stops) at the same one."""
+        job = self._job
+        while True:
+            commands, self._job_commands = self._job_commands, []
+            actions = self._native.apply_commands(commands)
+            job.applied += len(commands)
+            while self._pending_signals:
+                self._handle_signal(self._pending_signals.pop(0))
+            for cid, kind in actions:
+                self._native.confirm(cid, self._carry_out(kind))
+            if not self._native.paused:
+                return
+            self._job_agreed(self._step, job.agree(self._step, wait_s=0.1))
+
+    def _take_commands(self, wait_s: float) -> list[str]:
+        """A viewer's commands, raw, for the job's agreement. A signal arriving while the
+        extension waits is acted on after (it would need the run the wait borrows)."""
+        self._in_poll = True
+        try:
+            return self._native.take_commands(wait_s)
+        finally:
+            self._in_poll = False
+            while self._pending_signals:
+                self._handle_signal(self._pending_signals.pop(0))
 
     # ---- both ----------------------------------------------------------------------------
 
@@ -677,7 +813,7 @@ class Run:
 
     def _boundary(self) -> None:
         self._boundary_t = time.perf_counter()
-        while True:
+        while self._job is None:
             self._in_poll = True
             try:
                 actions = self._native.poll()
@@ -689,8 +825,10 @@ class Run:
                 self._native.confirm(cid, self._carry_out(kind))
             if not self._native.paused:
                 break
+        if self._job is not None:
+            self._job_boundary()
         self._checkpoint_for_stop()
-        if self._signalled is not None:
+        if self._signalled is not None and self._native.stop_requested:
             self._after_signal_boundary()
         self._boundary_t = time.perf_counter()
         self._meter.reset()

@@ -9,14 +9,15 @@ use crate::app::App;
 use crate::keys::bindings;
 
 /// Dashboard keys, first left out first (an attached view's `S` among the last).
-pub const SHED_ORDER: [&str; 12] = [
-    "^Z", "Esc", "w", "↑↓", "Tab", "e", "P", "f", "+/-", "b", "t", "S",
+pub const SHED_ORDER: [&str; 13] = [
+    "^Z", "Esc", "w", "↑↓", "Tab", "e", "P", "f", "+/-", "[ ]", "b", "t", "S",
 ];
 /// A replay's keys, first left out first: its own controls stay longest.
-pub const REPLAY_SHED_ORDER: [&str; 8] = ["^Z", "Esc", "w", "Tab", "↑↓", "e", "+/-", "G"];
+pub const REPLAY_SHED_ORDER: [&str; 9] = ["^Z", "Esc", "w", "Tab", "↑↓", "e", "[ ]", "+/-", "G"];
 /// Dashboard keys while the event list is open: its own keys stay longest.
-pub const EVENTS_SHED_ORDER: [&str; 11] =
-    ["^Z", "w", "Tab", "P", "f", "+/-", "b", "t", "c", "p", "Esc"];
+pub const EVENTS_SHED_ORDER: [&str; 12] = [
+    "^Z", "w", "Tab", "[ ]", "P", "f", "+/-", "b", "t", "c", "p", "Esc",
+];
 /// Editor keys, first left out first.
 pub const EDITOR_SHED_ORDER: [&str; 2] = ["P", "←→"];
 
@@ -30,6 +31,10 @@ pub fn live(app: &App) -> Vec<(&'static str, &'static str)> {
 }
 
 fn label_now(app: &App, key: &str, short: &'static str) -> Option<&'static str> {
+    // Only a job has ranks to select.
+    if key == "[ ]" && app.job.is_none() {
+        return None;
+    }
     let commands = app.takes_commands();
     if app.mode.is_replay() {
         let paused = app.replay.is_some_and(|r| r.paused);

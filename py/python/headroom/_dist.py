@@ -1,0 +1,442 @@
+"""Many ranks, one job: adaptive micro-batching under torchrun that cannot deadlock.
+
+Why it cannot: every micro-batch of every rank runs under DDP's ``no_sync()``, so an
+out-of-memory error in any forward or backward is local and recovered locally, with no
+collective half-entered. Once a rank's micro-batches are done it enters one small
+collective, the *agreement* (an all-gather of a fixed record per rank on headroom's own
+gloo group), and only when every rank has said "done" does the gradient all-reduce run,
+once per step, through the job's own process group. A rank that fails says so in the
+agreement (the others raise with its reason instead of waiting); a rank that dies cannot
+say anything, and torchrun's agent ends the job: the others, waiting in the agreement,
+handle its SIGTERM there and end as failed, naming the ranks that never arrived.
+
+The agreement also carries what the screen needs (each rank's row for rank 0's
+``job_ranks`` record) and what every rank must do at the same step: commands sent to
+any rank, a stop asked by a signal on any rank, a pause. Each rank sizes its own
+micro-batches with its own controller: the all-reduce sums gradients, not micro-batches,
+so ranks with less memory (or a tighter budget) simply split finer.
+
+Only torch.distributed's own machinery moves data between ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+# One record per rank, float64, in this order.
+FIELDS = (
+    "status",  # OK, FAILED or ABANDON
+    "step",  # steps this rank completed before this agreement
+    "micro_batch",
+    "peak",
+    "limit",
+    "usage",
+    "ooms",
+    "step_time",
+    "loss",  # NaN before the first step
+    "want_stop",  # a signal on this rank asks the job to stop
+    "cmd_bytes",  # commands from viewers waiting on this rank
+    "none_sum",  # which parameters have no gradient (checksum) ...
+    "none_count",  # ... and how many: must agree, or the reduction zero-fills
+    "paused",
+    "applied",  # commands this rank has carried out
+)
+_I = {name: i for i, name in enumerate(FIELDS)}
+OK, FAILED, ABANDON = 0.0, 1.0, 2.0
+
+# The gradient all-reduce goes through a preallocated bucket of at most this many bytes
+# per dtype (DDP's default bucket size): allocated before the first step, so the
+# reduction itself never allocates, and never runs out of memory.
+BUCKET_BYTES = 25 << 20
+
+# Waiting in the agreement: after this long, say which ranks have not arrived; after a
+# stop signal (torchrun ending the job), give the missing ranks this long, then fail.
+SAY_WAITING_S = 10.0
+GRACE_AFTER_SIGNAL_S = 3.0
+# torchrun kills a worker 30 s after its SIGTERM; a rank still missing by then is
+# given up on a little before, so this one's end is recorded.
+STOP_DEADLINE_S = 25.0
+
+
+class RankFailed(RuntimeError):
+    """Another rank of the job failed; this one ends too (the message says which)."""
+
+
+def _ranks_text(ranks: list[int], bare: bool = False) -> str:
+    if not ranks:
+        return " another rank" if bare else ""
+    names = ", ".join(map(str, ranks))
+    text = f"rank {names}" if len(ranks) == 1 else f"ranks {names}"
+    return f" {text}" if bare else f" ({text} missing)"
+
+
+def world_size() -> int:
+    dist = getattr(torch, "distributed", None)
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return 1
+    return dist.get_world_size()
+
+
+def _is_ddp(model: Any) -> bool:
+    return isinstance(model, torch.nn.parallel.DistributedDataParallel)
+
+
+def refuse_unsupported(model: Any, world: int) -> None:
+    """Adaptive mode under a process group is built for DDP: say what else gets."""
+    from ._run import RunError
+
+    for m in model.modules() if isinstance(model, torch.nn.Module) else ():
+        kind = type(m).__name__
+        if kind.startswith("FSDP") or kind == "FullyShardedDataParallel":
+            raise RunError(
+                f"adaptive mode under a process group of {world} ranks with FSDP ({kind}): "
+                "FSDP's forward runs collectives too (its all-gathers), so ranks that split "
+                "a batch into different numbers of micro-batches would wait on each other "
+                "(a deadlock); headroom's adaptive mode supports DDP. Watch an FSDP run with "
+                "run.report(loss) (create the Run without effective_batch=), or wrap the "
+                "model in DistributedDataParallel"
+            )
+    if not _is_ddp(model):
+        raise RunError(
+            f"adaptive mode under a process group of {world} ranks needs the model wrapped "
+            "in torch.nn.parallel.DistributedDataParallel (headroom runs its micro-batches "
+            "under no_sync() and all-reduces the gradients once per step through DDP's "
+            f"process group); got {type(model).__name__}"
+        )
+
+
+@dataclass
+class Agreement:
+    """What every rank learned at one agreement: the same on every rank."""
+
+    rows: list[dict[str, float]]
+    failed: dict[int, str] = field(default_factory=dict)
+    abandon: bool = False
+    stop_by: list[int] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
+    grads_agree: bool = True
+    waited_us: float = 0.0
+
+
+class Job:
+    """One rank's side of the job: the agreement, the gradient reduction, the rows."""
+
+    def __init__(self, run, model: Any, params: list[torch.nn.Parameter], job_id: str):
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.run = run
+        self.ddp = model if _is_ddp(model) else None
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.job_id = job_id
+        # The gradients move through the job's own group (NCCL on GPUs, gloo on CPUs);
+        # the records through headroom's own gloo group, on the CPU: no device sync, and
+        # nothing interleaves with the user's collectives.
+        self.grad_group = self.ddp.process_group if self.ddp is not None else None
+        self.meta = dist.new_group(backend="gloo")
+        self.params = params
+        self.reducer = GradReducer(params, self.grad_group, self.world) if self.ddp else None
+        hosts: list[Any] = [None] * self.world
+        dist.all_gather_object(hosts, socket.gethostname(), group=self.meta)
+        self.hosts = [str(h) for h in hosts]
+        self.want_stop: str | None = None
+        self.applied = 0
+        self.agreed_applied = 0
+        self.last: dict[str, float] = {}
+        self.agreements = 0
+        self.agree_us_total = 0.0
+
+    # ---- the agreement ---------------------------------------------------------------
+
+    def record(self, status: float, commands: list[str]) -> torch.Tensor:
+        """This rank's row of the agreement: its last step's figures and what it asks."""
+        last = self.last
+        none = [i for i, p in enumerate(self.params) if p.grad is None]
+        values = {
+            "status": status,
+            "step": float(self.run._step),
+            "micro_batch": float(self.run._native.micro_batch or last.get("micro_batch", 0)),
+            "peak": last.get("peak", 0.0),
+            "limit": last.get("limit", 0.0),
+            "usage": last.get("usage", 0.0),
+            "ooms": float(self.run._native.ooms),
+            "step_time": last.get("step_time", 0.0),
+            "loss": last.get("loss", math.nan),
+            "want_stop": 1.0 if self.want_stop else 0.0,
+            "cmd_bytes": float(sum(len(c) for c in commands)),
+            "none_sum": float(sum((i + 1) * 2654435761 % 1000003 for i in none)),
+            "none_count": float(len(none)),
+            "paused": 1.0 if self.run._native.paused else 0.0,
+            "applied": float(self.applied),
+        }
+        return torch.tensor([values[f] for f in FIELDS], dtype=torch.float64)
+
+    def agree(
+        self, step: int, status: float = OK, error: str = "", wait_s: float = 0.0
+    ) -> Agreement:
+        """The one collective per step every rank enters: what each did, what all do.
+        `wait_s`: how long to wait for a viewer's command first (a paused job's rounds)."""
+        commands = self.run._take_commands(wait_s)
+        mine = self.record(status, commands)
+        out = [torch.empty_like(mine) for _ in range(self.world)]
+        t0 = time.perf_counter()
+        try:
+            work = self.dist.all_gather(out, mine, group=self.meta, async_op=True)
+            self._wait(work, step, self.agreements)
+        except RankFailed:
+            raise
+        except RuntimeError as e:
+            raise self._peer_lost(step, self.agreements, e) from e
+        waited = (time.perf_counter() - t0) * 1e6
+        self.agreements += 1
+        self.agree_us_total += waited
+        rows = [{f: float(t[_I[f]]) for f in FIELDS} for t in out]
+        a = Agreement(rows=rows, waited_us=waited)
+        if any(r["status"] == FAILED for r in rows):
+            texts: list[Any] = [None] * self.world
+            self.dist.all_gather_object(texts, error, group=self.meta)
+            a.failed = {i: str(texts[i]) for i, r in enumerate(rows) if r["status"] == FAILED}
+        a.abandon = any(r["status"] == ABANDON for r in rows)
+        a.stop_by = [i for i, r in enumerate(rows) if r["want_stop"]]
+        if any(r["cmd_bytes"] for r in rows):
+            lists: list[Any] = [None] * self.world
+            self.dist.all_gather_object(lists, commands, group=self.meta)
+            a.commands = [c for per_rank in lists for c in per_rank]
+        sums = {(r["none_sum"], r["none_count"]) for r in rows}
+        a.grads_agree = len(sums) == 1
+        if self.rank == 0:
+            self._publish(step, a)
+        return a
+
+    def _wait(self, work, step: int, round_: int) -> None:
+        """Waits for the collective in Python, so a signal's handler runs meanwhile (a
+        blocking wait would sit in C++ through torchrun's SIGTERM until its SIGKILL).
+
+        Once this rank has been signalled (torchrun ending the job, or a stop), the ranks
+        still missing are judged through the job's store: one that said it is alive (its
+        handler marks it) is finishing its micro-batch and is waited for; one that never
+        said so within GRACE_AFTER_SIGNAL_S died, and this rank ends as failed, naming it.
+        """
+        start = time.monotonic()
+        pause = 0.0
+        said = False
+        signalled_at = None
+        while not work.is_completed():
+            time.sleep(pause)
+            pause = min(0.01, pause + 0.0002)
+            now = time.monotonic()
+            if self.want_stop and signalled_at is None:
+                signalled_at = now
+            if not said and now - start > SAY_WAITING_S:
+                said = True
+                missing, _ = self._missing(round_)
+                self.run._native.notice_text(
+                    f"step {step}: waiting {now - start:.0f} s for the other ranks at the "
+                    f"agreement{_ranks_text(missing)}",
+                    level="warn",
+                    source="job",
+                )
+            if signalled_at is None or now - signalled_at < GRACE_AFTER_SIGNAL_S:
+                continue
+            missing, silent = self._missing(round_)
+            if silent or now - signalled_at > STOP_DEADLINE_S:
+                gone = silent or missing
+                raise RankFailed(
+                    f"the job is ending ({self.want_stop}) and rank {self.rank} waited at "
+                    f"step {step}'s agreement for{_ranks_text(gone, bare=True)}, which never "
+                    "arrived: it died or failed outside headroom (its own log and torchrun's "
+                    "output say why)"
+                )
+            pause = 0.2
+        work.wait()
+
+    def _peer_lost(self, step: int, round_: int, error: BaseException) -> RankFailed:
+        """A collective failed under this rank (gloo sees a dead peer's connection close at
+        once): name the ranks that never arrived, once the live ones have had a moment to
+        say they did."""
+        self._missing(round_)
+        time.sleep(1.0)
+        missing, _ = self._missing(round_)
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return RankFailed(
+            f"step {step}: the job lost{_ranks_text(missing, bare=True)} (it died or failed "
+            f"outside headroom; its own log and torchrun's output say why): {first}"
+        )
+
+    def on_signal(self, name: str) -> None:
+        """A stop signal reached this rank: the job stops at the next agreement. Marked
+        in the job's store too, so ranks already waiting there know this one is alive."""
+        self.want_stop = self.want_stop or name
+        try:
+            store = self.dist.distributed_c10d._get_default_store()
+            store.set(f"headroom/{self.job_id}/alive/{self.rank}", "1")
+        except Exception:
+            pass
+
+    def _missing(self, round_: int) -> tuple[list[int], list[int]]:
+        """The ranks that have not reached this agreement, and those of them that never
+        said they are alive since a signal (through the job's store; only on the slow
+        path). Unknown (no store): nobody."""
+        try:
+            store = self.dist.distributed_c10d._get_default_store()
+            arrived = f"headroom/{self.job_id}/arrived/{round_}/"
+            store.set(arrived + str(self.rank), "1")
+            missing = [r for r in range(self.world) if not store.check([arrived + str(r)])]
+            alive = f"headroom/{self.job_id}/alive/"
+            silent = [r for r in missing if not store.check([alive + str(r)])]
+        except Exception:
+            return [], []
+        return missing, silent
+
+    def _publish(self, step: int, a: Agreement) -> None:
+        ranks = []
+        for i, r in enumerate(a.rows):
+            status = "failed" if r["status"] == FAILED else "paused" if r["paused"] else "running"
+            if self.run._native.stop_requested or a.stop_by:
+                status = "stopping" if status == "running" else status
+            ranks.append(
+                {
+                    "rank": i,
+                    "host": self.hosts[i],
+                    "step": int(r["step"]),
+                    "micro_batch": int(r["micro_batch"]),
+                    "peak_bytes": int(r["peak"]),
+                    "limit_bytes": int(r["limit"]),
+                    "usage": r["usage"],
+                    "ooms": int(r["ooms"]),
+                    "step_time_s": r["step_time"],
+                    "loss": None if math.isnan(r["loss"]) else r["loss"],
+                    "status": status,
+                    "commands_applied": int(r["applied"]),
+                }
+            )
+        self.run._native.job_ranks(
+            json.dumps(
+                {
+                    "job": self.job_id,
+                    "step": step,
+                    "world_size": self.world,
+                    "uniform_micro_batch": False,
+                    "agree_us": a.waited_us,
+                    "ranks": ranks,
+                }
+            )
+        )
+        applied = [int(r["applied"]) for r in a.rows]
+        if min(applied) > self.agreed_applied and min(applied) == max(applied):
+            n = min(applied) - self.agreed_applied
+            self.agreed_applied = min(applied)
+            self.run._native.notice_text(
+                f"{n} command(s) carried out by every rank ({self.world} of {self.world}) "
+                f"by step {int(a.rows[0]['step'])}",
+                source="job",
+            )
+
+    # ---- the step's collectives ------------------------------------------------------
+
+    def no_sync(self):
+        """Every micro-batch's backward stays local: no collective can be left half done
+        by an out-of-memory error. DDP's own buffer broadcast in forward is taken over by
+        :meth:`sync_buffers` (once per step, before any micro-batch), so retried forwards
+        never make a rank enter a broadcast the others do not."""
+        self.ddp.require_forward_param_sync = False
+        return self.ddp.no_sync()
+
+    def sync_buffers(self, step: int) -> None:
+        """Rank 0's buffers to every rank at the step's start, as DDP does for a step
+        of accumulated micro-batches (its first forward broadcasts them)."""
+        ddp = self.ddp
+        if ddp is None or not ddp.broadcast_buffers:
+            return
+        buffers = getattr(ddp, "modules_buffers", None) or list(ddp.module.buffers())
+        try:
+            with torch.no_grad():
+                for b in buffers:
+                    self.dist.broadcast(b, src=0, group=self.grad_group)
+        except RuntimeError as e:
+            raise self._peer_lost(step, self.agreements, e) from e
+
+    def reduce(self, step: int, grads_agree: bool) -> None:
+        if self.reducer is None:
+            return
+        try:
+            self.reducer.reduce(zero_fill=not grads_agree)
+        except RuntimeError as e:
+            raise self._peer_lost(step, self.agreements, e) from e
+
+
+class GradReducer:
+    """Averages the gradients over the ranks once per step: bucket by bucket through a
+    buffer allocated at start (so the reduction never allocates), in place."""
+
+    def __init__(self, params: list[torch.nn.Parameter], group, world: int):
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.group = group
+        self.world = world
+        self.params = params
+        self.buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+        sizes: dict[tuple[torch.dtype, torch.device], int] = {}
+        for p in params:
+            key = (p.dtype, p.device)
+            sizes[key] = sizes.get(key, 0) + p.numel()
+        for (dtype, device), n in sizes.items():
+            per = BUCKET_BYTES // torch.empty((), dtype=dtype).element_size()
+            self.buffers[(dtype, device)] = torch.empty(min(n, per), dtype=dtype, device=device)
+
+    def reduce(self, zero_fill: bool) -> None:
+        """`zero_fill`: the ranks disagree on which parameters have gradients (a branch
+        one rank's data took): those without one get zeros, so every rank reduces the
+        same tensors, as DDP does for unused parameters."""
+        pending: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+        for p in self.params:
+            if p.grad is None:
+                if not zero_fill:
+                    continue
+                p.grad = torch.zeros_like(p)
+            pending.setdefault((p.dtype, p.device), []).append(p.grad)
+        for key, grads in pending.items():
+            self._reduce_group(self.buffers[key], grads)
+
+    def _reduce_group(self, buf: torch.Tensor, grads: list[torch.Tensor]) -> None:
+        batch: list[torch.Tensor] = []
+        used = 0
+        for g in grads:
+            n = g.numel()
+            if n > buf.numel():
+                self._flush(buf, batch, used)
+                batch, used = [], 0
+                self.dist.all_reduce(g, group=self.group)
+                g.div_(self.world)
+                continue
+            if used + n > buf.numel():
+                self._flush(buf, batch, used)
+                batch, used = [], 0
+            batch.append(g)
+            used += n
+        self._flush(buf, batch, used)
+
+    def _flush(self, buf: torch.Tensor, batch: list[torch.Tensor], used: int) -> None:
+        if not batch:
+            return
+        off = 0
+        with torch.no_grad():
+            for g in batch:
+                buf[off : off + g.numel()].copy_(g.reshape(-1))
+                off += g.numel()
+            flat = buf[:used]
+            self.dist.all_reduce(flat, group=self.group)
+            flat.div_(self.world)
+            off = 0
+            for g in batch:
+                g.copy_(flat[off : off + g.numel()].view_as(g))
+                off += g.numel()

@@ -1,0 +1,158 @@
+"""One rank of an adaptive DDP job (test_ddp.py): a small transformer wrapped in DDP,
+trained by run.backward/run.step on its share of each global batch, with out-of-memory
+errors injected on one rank through the real allocator, or a real cap on one rank."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import headroom
+from headroom import _native, _torch
+
+from conftest import TinyGPT, gpt_batches
+
+
+class _FailInBackward(torch.autograd.Function):
+    """Identity whose backward asks the allocator for the impossible when armed: placed
+    at the input side, the later layers' gradients are already accumulated."""
+
+    armed = False
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        if _FailInBackward.armed:
+            _FailInBackward.armed = False
+            _torch.provoke_oom(g.device)
+        return g
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--per-rank", type=int, default=12, help="samples per rank per step")
+    ap.add_argument("--micro", type=int, default=4)
+    ap.add_argument(
+        "--inject",
+        default="",
+        help="RANK:POINT@STEP,POINT@STEP... (points: forward-middle, backward-first, "
+        "backward-last, optimizer-state; the optimizer's state exists after step 1)",
+    )
+    ap.add_argument("--budget-rank", type=int, default=-1, help="the rank given a hard cap")
+    ap.add_argument(
+        "--budget-extra-mib", type=int, default=0, help="its cap: what it holds plus this"
+    )
+    ap.add_argument("--seq", type=int, default=16)
+    ap.add_argument("--width", type=int, default=32)
+    ap.add_argument("--out", required=True, help="a directory for params and logs")
+    ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds to idle per step")
+    ap.add_argument("--raise-at", default="", help="RANK@STEP: loss_fn raises ValueError there")
+    ap.add_argument("--checkpoint", action="store_true", help="on_checkpoint writes a file")
+    args = ap.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = Path(args.out)
+    torch.manual_seed(0)
+    inner = TinyGPT(d=args.width, t=args.seq)
+    model = torch.nn.parallel.DistributedDataParallel(inner)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    batches = gpt_batches(args.steps, args.per_rank * world, t=args.seq, seed=0)
+
+    plan: dict[int, str] = {}
+    if args.inject:
+        r, points = args.inject.split(":")
+        if int(r) == rank:
+            for item in points.split(","):
+                point, at = item.split("@")
+                plan[int(at)] = point
+    state = {"step": 0, "calls": 0, "done": 0, "fired": []}
+    raise_rank, raise_step = (
+        (int(v) for v in args.raise_at.split("@")) if args.raise_at else (-1, -1)
+    )
+
+    def loss_fn(mb):
+        x, y = mb
+        state["calls"] += 1
+        step = state["step"]
+        if rank == raise_rank and step == raise_step:
+            raise ValueError(f"a bad sample on rank {rank} at step {step}")
+        point = plan.get(step) if step not in state["fired"] else None
+        last = state["done"] + x.shape[0] >= args.per_rank
+        if point == "forward-middle" and state["done"] > 0 and not last:
+            state["fired"].append(step)
+            _torch.provoke_oom(torch.device("cpu"))
+        if (point == "backward-first" and state["done"] == 0) or (
+            point == "backward-last" and last and state["done"] > 0
+        ):
+            state["fired"].append(step)
+            _FailInBackward.armed = True
+        inner.hook = _FailInBackward.apply
+        logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+        state["done"] += x.shape[0]
+        return loss
+
+    real_clone = torch.Tensor.clone
+
+    def failing_clone(self, *a, **k):
+        # SGD's first step creates each momentum buffer with grad.clone() before it
+        # updates that parameter: the first one fails, with nothing changed yet.
+        torch.Tensor.clone = real_clone
+        state["fired"].append(state["step"])
+        _torch.provoke_oom(self.device)
+
+    def on_checkpoint(step):
+        p = out / f"ckpt-rank{rank}-step{step}.pt"
+        torch.save(inner.state_dict(), p)
+        return p
+
+    capped = rank == args.budget_rank and args.budget_extra_mib > 0
+    budget = (_native.rss() + (args.budget_extra_mib << 20)) if capped else None
+    with headroom.Run(
+        "ddp",
+        model=model,
+        effective_batch=args.per_rank,
+        micro_batch=args.micro,
+        total_steps=args.steps,
+        log=out / f"rank{rank}.jsonl",
+        memory_budget=None if budget is None else str(budget),
+        hard_limit=bool(capped),
+        on_checkpoint=on_checkpoint if args.checkpoint else None,
+    ) as run:
+        print(f"rank {rank} pid {os.getpid()} serving {run.name}", flush=True)
+        for step, (x, y) in enumerate(batches, 1):
+            if run.should_stop:
+                break
+            state.update(step=step, done=0)
+            lo, hi = rank * args.per_rank, (rank + 1) * args.per_rank
+            run.backward((x[lo:hi], y[lo:hi]), loss_fn)
+            if plan.get(step) == "optimizer-state":
+                torch.Tensor.clone = failing_clone
+            run.step(opt)
+            torch.Tensor.clone = real_clone
+            time.sleep(args.step_sleep)
+        steps_done = run.step_count
+    if rank == 0:
+        torch.save(inner.state_dict(), out / "params.pt")
+    (out / f"done-rank{rank}.json").write_text(
+        json.dumps({"steps": steps_done, "fired": state["fired"], "calls": state["calls"]})
+    )
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    sys.exit(main())

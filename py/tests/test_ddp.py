@@ -1,0 +1,395 @@
+"""Adaptive micro-batching under real torchrun jobs (gloo, CPU): out-of-memory errors on
+one rank at every point of a step are recovered by the job without a deadlock, and the
+parameters equal a single process's full-global-batch training."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import TinyGPT, gpt_batches, kinds, spawn
+
+HERE = Path(__file__).resolve().parent
+SEQ, WIDTH = 16, 32
+
+
+@pytest.fixture(autouse=True)
+def _no_rank_left_behind():
+    """A failing test kills its torchrun and every rank with it (its session), so no rank
+    of a failed test goes on training beside the next."""
+    yield
+    while _jobs:
+        job = _jobs.pop()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+
+
+def torchrun(nproc: int, script: str, *args: str) -> subprocess.Popen:
+    job = spawn(
+        [
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            str(HERE / script),
+            *args,
+        ],
+        new_session=True,
+    )
+    _jobs.append(job)
+    return job
+
+
+_jobs: list[subprocess.Popen] = []
+
+
+def finish(job: subprocess.Popen, timeout: float = 240) -> tuple[str, str]:
+    try:
+        out, err = job.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        job.kill()
+        out, err = job.communicate()
+        raise AssertionError(
+            f"the job hung (killed after {timeout} s):\n{out}\n{err[-4000:]}"
+        ) from e
+    assert job.returncode == 0, f"rc {job.returncode}\n{out}\n{err[-6000:]}"
+    return out, err
+
+
+def reference(
+    steps: int, global_batch: int, seq: int = SEQ, width: int = WIDTH
+) -> dict[str, torch.Tensor]:
+    """One process, the whole global batch in one backward per step."""
+    torch.manual_seed(0)
+    model = TinyGPT(d=width, t=seq)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for b in gpt_batches(steps, global_batch, t=seq, seed=0):
+        model.loss(b).backward()
+        opt.step()
+        opt.zero_grad()
+    return model.state_dict()
+
+
+def assert_params_equal(got: dict, want: dict, rel: float = 1e-5) -> None:
+    for name, w in want.items():
+        g = got[name]
+        err = ((g - w).norm() / w.norm().clamp_min(1e-12)).item()
+        assert err < rel, f"{name}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize(
+    ("world", "rank"),
+    [(2, 1), (4, 2)],
+    ids=["2-ranks", "4-ranks"],
+)
+def test_ooms_on_one_rank_at_every_point_are_recovered_by_the_job(tmp_path, world, rank):
+    steps, per_rank = 5, 12
+    inject = f"{rank}:optimizer-state@1,forward-middle@2,backward-first@3,backward-last@4"
+    t0 = time.monotonic()
+    job = torchrun(
+        world,
+        "ddp_adaptive.py",
+        "--steps",
+        str(steps),
+        "--per-rank",
+        str(per_rank),
+        "--micro",
+        "4",
+        "--inject",
+        inject,
+        "--out",
+        str(tmp_path),
+    )
+    finish(job)
+    wall = time.monotonic() - t0
+    for r in range(world):
+        done = json.loads((tmp_path / f"done-rank{r}.json").read_text())
+        assert done["steps"] == steps, (r, done)
+        log = tmp_path / f"rank{r}.jsonl"
+        assert [s["step"] for s in kinds(log, "step")] == list(range(1, steps + 1))
+        assert kinds(log, "finished"), f"rank {r} did not finish"
+        if r == rank:
+            assert done["fired"] == [1, 2, 3, 4], done
+            assert len(kinds(log, "oom")) == 3, kinds(log, "oom")
+            texts = [n["text"] for n in kinds(log, "notice")]
+            assert any("optimizer.step() before it changed anything" in t for t in texts)
+            assert sum("start over" in t for t in texts) == 2, texts
+        else:
+            assert not kinds(log, "oom")
+    # Rank 0's rows: every rank's at every step, the agreement never a long wait.
+    rows = kinds(tmp_path / "rank0.jsonl", "job_ranks")
+    assert len(rows) == steps, rows
+    assert all(len(r["ranks"]) == world for r in rows)
+    assert rows[-1]["ranks"][rank]["ooms"] == 3
+    assert max(r["agree_us"] for r in rows) < 5e6, [r["agree_us"] for r in rows]
+    assert wall < 200
+    got = torch.load(tmp_path / "params.pt")
+    assert_params_equal(got, reference(steps, per_rank * world))
+
+
+def test_a_rank_with_a_tighter_cap_splits_finer_and_the_job_trains(tmp_path):
+    """Rank 1 alone under a real hard cap: it runs out of memory for real, settles under
+    target at a smaller micro-batch than rank 0, and the job's parameters stay exact."""
+    steps, per_rank, seq, width = 6, 128, 128, 64
+    job = torchrun(
+        2,
+        "ddp_adaptive.py",
+        "--steps",
+        str(steps),
+        "--per-rank",
+        str(per_rank),
+        "--micro",
+        str(per_rank),
+        "--seq",
+        str(seq),
+        "--width",
+        str(width),
+        "--budget-rank",
+        "1",
+        "--budget-extra-mib",
+        "160",
+        "--out",
+        str(tmp_path),
+    )
+    finish(job)
+    capped = tmp_path / "rank1.jsonl"
+    free = tmp_path / "rank0.jsonl"
+    assert kinds(capped, "oom"), "the cap never bit"
+    assert not kinds(free, "oom")
+    mem = kinds(capped, "step_memory")
+    assert mem[-1]["usage"] < 0.95, mem[-1]
+    rows = kinds(free, "job_ranks")[-1]["ranks"]
+    assert rows[1]["micro_batch"] < rows[0]["micro_batch"], rows
+    decisions = kinds(capped, "decision")
+    assert decisions, "the capped rank's decisions are not logged"
+    got = torch.load(tmp_path / "params.pt")
+    assert_params_equal(got, reference(steps, per_rank * 2, seq, width))
+
+
+def _wait_for_steps(log: Path, n: int, job: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists() and len(kinds(log, "step")) >= n:
+            return
+        assert job.poll() is None, job.communicate()
+        time.sleep(0.1)
+    raise AssertionError(f"{log} never reached step {n}")
+
+
+def _pids(job: subprocess.Popen, world: int) -> dict[int, int]:
+    """Each rank prints `rank R pid P serving NAME` once its run serves."""
+    pids: dict[int, int] = {}
+    while len(pids) < world:
+        line = job.stdout.readline()
+        assert line, f"the job ended before every rank served: {job.communicate()}"
+        words = line.split()
+        if len(words) >= 4 and words[0] == "rank" and words[2] == "pid":
+            pids[int(words[1])] = int(words[3])
+    return pids
+
+
+def test_a_rank_killed_mid_run_ends_the_job_through_torchrun_and_the_others_say_why(tmp_path):
+    job = torchrun(
+        2, "ddp_adaptive.py", "--steps", "100000", "--per-rank", "8", "--out", str(tmp_path)
+    )
+    try:
+        pids = _pids(job, 2)
+        _wait_for_steps(tmp_path / "rank0.jsonl", 3, job)
+        t0 = time.monotonic()
+        os.kill(pids[1], signal.SIGKILL)
+        job.communicate(timeout=60)
+        ended = time.monotonic() - t0
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode != 0
+    assert ended < 30, f"torchrun took {ended:.1f} s to end the job"
+    failed = kinds(tmp_path / "rank0.jsonl", "failed")
+    assert failed, "rank 0's run did not end as failed"
+    assert "rank 1" in failed[0]["reason"], failed
+    assert not kinds(tmp_path / "rank0.jsonl", "finished")
+
+
+def test_sigterm_to_torchrun_checkpoints_every_rank_at_one_step_and_each_exits_0(tmp_path):
+    job = torchrun(
+        2,
+        "ddp_adaptive.py",
+        "--steps",
+        "100000",
+        "--per-rank",
+        "8",
+        "--checkpoint",
+        "--out",
+        str(tmp_path),
+    )
+    try:
+        _pids(job, 2)
+        _wait_for_steps(tmp_path / "rank1.jsonl", 3, job)
+        job.send_signal(signal.SIGTERM)
+        job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    steps = []
+    for r in range(2):
+        done = json.loads((tmp_path / f"done-rank{r}.json").read_text())
+        finished = kinds(tmp_path / f"rank{r}.jsonl", "finished")
+        assert finished and finished[0]["stopped_by_user"], (r, finished)
+        saved = kinds(tmp_path / f"rank{r}.jsonl", "checkpoint_saved")
+        assert len(saved) == 1, saved
+        assert saved[0]["step"] == done["steps"]
+        assert (tmp_path / f"ckpt-rank{r}-step{done['steps']}.pt").exists()
+        steps.append(done["steps"])
+    assert steps[0] == steps[1], f"the ranks stopped at different steps: {steps}"
+
+
+def test_commands_sent_to_rank_0_reach_every_rank_at_the_same_step(tmp_path, runtime_dir):
+    """A pause sent to rank 0's socket pauses every rank after the same step, a resume
+    resumes them together, and a stop ends every rank at one step, each confirming."""
+    from conftest import Viewer
+
+    job = torchrun(
+        2,
+        "ddp_adaptive.py",
+        "--steps",
+        "100000",
+        "--per-rank",
+        "8",
+        "--step-sleep",
+        "0.05",
+        "--out",
+        str(tmp_path),
+    )
+    try:
+        _pids(job, 2)
+        _wait_for_steps(tmp_path / "rank1.jsonl", 2, job)
+        serving = [
+            n["text"] for n in kinds(tmp_path / "rank0.jsonl", "notice") if n["source"] == "serve"
+        ]
+        viewer = Viewer(serving[0].split("serving on ")[1].split(" (attach")[0])
+        viewer.command("pause")
+        for r in range(2):
+            log = tmp_path / f"rank{r}.jsonl"
+            deadline = time.monotonic() + 60
+            while not [c for c in kinds(log, "command_applied") if "paused" in c["applied"]]:
+                assert time.monotonic() < deadline, f"rank {r} never paused"
+                time.sleep(0.1)
+        time.sleep(1.0)
+        held = [len(kinds(tmp_path / f"rank{r}.jsonl", "step")) for r in range(2)]
+        time.sleep(1.0)
+        assert [len(kinds(tmp_path / f"rank{r}.jsonl", "step")) for r in range(2)] == held
+        paused_at = [
+            next(
+                c["applied"]
+                for c in kinds(tmp_path / f"rank{r}.jsonl", "command_applied")
+                if "paused" in c["applied"]
+            )
+            for r in range(2)
+        ]
+        assert paused_at[0] == paused_at[1], paused_at
+        assert held[0] == held[1], held
+        viewer.command("resume")
+        _wait_for_steps(tmp_path / "rank1.jsonl", held[1] + 2, job)
+        viewer.command("stop")
+        job.communicate(timeout=120)
+        viewer.close()
+    finally:
+        if job.poll() is None:
+            job.kill()
+    done = [json.loads((tmp_path / f"done-rank{r}.json").read_text()) for r in range(2)]
+    assert done[0]["steps"] == done[1]["steps"], done
+    notes = [n["text"] for n in kinds(tmp_path / "rank0.jsonl", "notice")]
+    assert any("carried out by every rank (2 of 2)" in t for t in notes), notes
+
+
+def _paused_at(log: Path) -> str | None:
+    for c in kinds(log, "command_applied"):
+        if "paused after step" in c["applied"]:
+            return c["applied"]
+    return None
+
+
+def test_attach_to_the_job_shows_a_row_per_rank_and_pauses_every_rank_at_one_step(
+    tmp_path, runtime_dir
+):
+    from test_real_oom import Screen, _spawn_on_pty
+
+    from conftest import headroom_bin
+
+    job = torchrun(
+        2,
+        "ddp_adaptive.py",
+        "--steps",
+        "100000",
+        "--per-rank",
+        "8",
+        "--step-sleep",
+        "0.1",
+        "--out",
+        str(tmp_path),
+    )
+    logs = [tmp_path / f"rank{r}.jsonl" for r in range(2)]
+    try:
+        _pids(job, 2)
+        _wait_for_steps(logs[1], 2, job)
+        pid, fd = _spawn_on_pty([headroom_bin(), "attach", "ddp"])
+        screen = Screen(fd)
+        try:
+            assert screen.wait_for("attached to"), screen.data[-2000:]
+            assert screen.wait_for("2 ranks"), screen.data[-3000:]
+            assert screen.wait_for("panels show rank 0"), screen.data[-3000:]
+            screen.send(b"p")
+            deadline = time.monotonic() + 60
+            while not all(_paused_at(log) for log in logs):
+                assert time.monotonic() < deadline, "a rank never paused"
+                screen.pump(0.2)
+            assert _paused_at(logs[0]) == _paused_at(logs[1])
+            held = [len(kinds(log, "step")) for log in logs]
+            screen.pump(1.5)
+            assert [len(kinds(log, "step")) for log in logs] == held, "a paused rank stepped"
+            assert held[0] == held[1]
+            assert screen.wait_for("paused")
+            screen.send(b"p")
+            _wait_for_steps(logs[1], held[1] + 2, job)
+            screen.send(b"S")
+            assert screen.wait_for("stop the run?"), screen.data[-2000:]
+            screen.send(b"y")
+            job.communicate(timeout=120)
+            screen.send(b"q")
+            _, status = os.waitpid(pid, 0)
+            assert os.WEXITSTATUS(status) == 0
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            os.close(fd)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    done = [json.loads((tmp_path / f"done-rank{r}.json").read_text()) for r in range(2)]
+    assert done[0]["steps"] == done[1]["steps"], done
+
+
+def test_a_rank_that_raises_ends_every_rank_naming_it_and_why(tmp_path):
+    job = torchrun(
+        2, "ddp_adaptive.py", "--steps", "6", "--raise-at", "1@3", "--out", str(tmp_path)
+    )
+    out, err = job.communicate(timeout=240)
+    assert job.returncode != 0
+    failed = kinds(tmp_path / "rank0.jsonl", "failed")
+    assert failed, "rank 0's run did not end as failed"
+    reason = failed[0]["reason"]
+    assert "RankFailed" in reason and "rank 1" in reason, reason
+    assert "ValueError: a bad sample on rank 1 at step 3" in reason, reason
+    own = kinds(tmp_path / "rank1.jsonl", "failed")
+    assert own and "ValueError" in own[0]["reason"], own
+    for r in range(2):
+        assert len(kinds(tmp_path / f"rank{r}.jsonl", "step")) == 2
