@@ -43,7 +43,10 @@ fn q_stops_with_a_checkpoint_and_restores_the_terminal() {
         .unwrap_or_default()
         .contains("\"kind\":\"step\"")
     {
-        assert!(started.elapsed() < Duration::from_secs(60), "no step logged");
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no step logged"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 
