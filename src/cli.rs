@@ -99,6 +99,13 @@ pub struct TrainArgs {
     /// viewers need the token the run writes beside its socket
     #[arg(long, value_name = "[HOST:]PORT")]
     pub listen: Option<String>,
+    /// What SIGUSR1 asks: stop (checkpoint and exit, as SIGTERM; SLURM's --signal=USR1@T
+    /// warning) or checkpoint (save at the step's end and go on)
+    #[arg(long, value_name = "stop|checkpoint")]
+    pub on_usr1: Option<headroom_core::OnUserSignal>,
+    /// What SIGUSR2 asks: stop or checkpoint, as --on-usr1
+    #[arg(long, value_name = "stop|checkpoint")]
+    pub on_usr2: Option<headroom_core::OnUserSignal>,
 }
 
 /// The step to panic in, from `HEADROOM_INJECT_PANIC` (tests of the trainer-panic path;
@@ -220,6 +227,12 @@ impl TrainArgs {
         if self.hard_limit {
             cfg.memory.hard_limit = true;
         }
+        if let Some(a) = self.on_usr1 {
+            cfg.run.on_usr1 = a;
+        }
+        if let Some(a) = self.on_usr2 {
+            cfg.run.on_usr2 = a;
+        }
         cfg.validate().context("invalid configuration")?;
         if let Some(n) = self.start_micro_batch() {
             if n == 0 || n > cfg.batch.effective() {
@@ -267,6 +280,17 @@ mod tests {
         .unwrap();
         assert_eq!(cfg.run.steps, 7);
         assert_eq!((cfg.batch.micro_batch, cfg.batch.effective()), (4, 12));
+    }
+
+    #[test]
+    fn user_signal_flags_override_the_file_and_bad_values_name_the_choices() {
+        use headroom_core::OnUserSignal;
+        let cfg = args(&["--on-usr1", "checkpoint"]).resolve(None).unwrap();
+        assert_eq!(cfg.run.on_usr1, OnUserSignal::Checkpoint);
+        assert_eq!(cfg.run.on_usr2, OnUserSignal::Stop, "the default");
+        let mut argv = vec!["headroom", "train", "--on-usr2", "pause"];
+        let err = Cli::try_parse_from(argv.drain(..)).unwrap_err().to_string();
+        assert!(err.contains("stop or checkpoint"), "{err}");
     }
 
     #[test]

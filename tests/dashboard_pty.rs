@@ -35,6 +35,20 @@ fn q_stops_with_a_checkpoint_and_restores_the_terminal() {
         (false, false),
         "raw mode while running"
     );
+    // A step completed: `q` gives the step in progress up, and a run with none completed
+    // has nothing to checkpoint.
+    let log = dir.path().join("run.jsonl");
+    let started = std::time::Instant::now();
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("\"kind\":\"step\"")
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no step logged"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 
     pty.send(b"q");
     let status = pty

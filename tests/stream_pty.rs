@@ -112,7 +112,10 @@ fn attach_without_a_run_or_a_token_says_what_to_do() {
     let out = run.cmd().args(["attach", "nosuchrun"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("no running run or job is named nosuchrun"), "{err}");
+    assert!(
+        err.contains("no running run or job is named nosuchrun"),
+        "{err}"
+    );
     drop(run);
     // No runs at all.
     let dir = tempfile::tempdir().unwrap();

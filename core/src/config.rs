@@ -48,6 +48,37 @@ pub struct RunSection {
     /// threads spin waiting for each other (a tiny model measured 10–30 steps/s with the
     /// default on two loaded cores, about 1 000 with one thread).
     pub threads: usize,
+    /// What SIGUSR1 asks (`--on-usr1`): `stop` (checkpoint, then exit like SIGTERM) or
+    /// `checkpoint` (save at the step's end and go on). Stop by default: a batch
+    /// scheduler's `--signal=USR1@SECONDS` is the "your time is almost up" warning, and
+    /// a run that only saved would then be killed in the middle of its next steps.
+    pub on_usr1: OnUserSignal,
+    /// The same for SIGUSR2 (`--on-usr2`).
+    pub on_usr2: OnUserSignal,
+}
+
+/// What a user signal (SIGUSR1, SIGUSR2) asks of a run (see [`RunSection::on_usr1`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OnUserSignal {
+    /// Checkpoint and stop, as SIGTERM does.
+    #[default]
+    Stop,
+    /// Checkpoint at the end of the step in progress and keep training.
+    Checkpoint,
+}
+
+impl std::str::FromStr for OnUserSignal {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "stop" => Ok(OnUserSignal::Stop),
+            "checkpoint" => Ok(OnUserSignal::Checkpoint),
+            other => Err(format!(
+                "{other:?} is not an action; use stop or checkpoint"
+            )),
+        }
+    }
 }
 
 impl Default for RunSection {
@@ -64,6 +95,8 @@ impl Default for RunSection {
             progress_every: 10,
             sample_hz: 4.0,
             threads: 0,
+            on_usr1: OnUserSignal::Stop,
+            on_usr2: OnUserSignal::Stop,
         }
     }
 }

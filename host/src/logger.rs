@@ -3,6 +3,8 @@
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -13,7 +15,14 @@ use headroom_core::{Bus, Level, Notice, Record, Telemetry};
 pub struct LogWriter {
     thread: JoinHandle<Option<String>>,
     path: PathBuf,
+    /// Records taken off the queue so far: [`LogWriter::finish`] tells a writer still
+    /// working through its queue from one stuck in a write.
+    taken: Arc<AtomicU64>,
 }
+
+/// How long a finishing log writer may go without taking a record before it is given up
+/// as stuck (its reader stopped reading): the run's exit waits at most this on a dead log.
+pub const LOG_STALL: Duration = Duration::from_millis(250);
 
 /// A log file that was checked at start but not yet truncated. The run may still fail
 /// before training (a bad corpus, a corrupt checkpoint): then [`PendingLog::abandon`]
@@ -252,6 +261,8 @@ impl LogWriter {
     /// so the trainer never blocks on a dead log.
     pub fn start(log: PendingLog, lines: Receiver<Record>, ui: Bus) -> LogWriter {
         let path = log.path.clone();
+        let taken = Arc::new(AtomicU64::new(0));
+        let counter = Arc::clone(&taken);
         let thread = std::thread::Builder::new()
             .name("log-writer".into())
             .spawn(move || {
@@ -277,6 +288,7 @@ impl LogWriter {
                     }
                 };
                 for line in lines.iter() {
+                    counter.fetch_add(1, Ordering::Relaxed);
                     // After a failure: keep draining, write nothing.
                     let Some(w) = out.as_mut() else {
                         continue;
@@ -301,23 +313,34 @@ impl LogWriter {
                 failed
             })
             .expect("spawning the log writer");
-        LogWriter { thread, path }
+        LogWriter {
+            thread,
+            path,
+            taken,
+        }
     }
 
-    /// Waits up to `wait` for the last line; returns the write error, if one happened. A
+    /// Waits for the last line, up to `wait` while the writer works through its queue and
+    /// [`LOG_STALL`] once it makes no progress; returns the write error, if one happened. A
     /// writer stuck in a write (a FIFO whose reader stopped reading) is left behind, said,
     /// and dies with the process: the run's end must not wait on its log.
     pub fn finish(self, wait: Duration) -> Option<String> {
         let deadline = Instant::now() + wait;
+        let (mut seen, mut moved) = (self.taken.load(Ordering::Relaxed), Instant::now());
         while !self.thread.is_finished() {
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            let taken = self.taken.load(Ordering::Relaxed);
+            if taken != seen {
+                (seen, moved) = (taken, now);
+            }
+            if now >= deadline || now.duration_since(moved) >= LOG_STALL {
                 return Some(format!(
                     "the log writer is stuck writing {} (its reader stopped reading); what it \
                      had not written by now is lost",
                     self.path.display()
                 ));
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(10));
         }
         self.thread
             .join()

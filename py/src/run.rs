@@ -880,8 +880,10 @@ impl NativeRun {
             Level::Warn,
             "signal",
             format!(
-                "{why}: stopping after step {} (the loop ends when it reads run.should_stop, \
-                 or at the next step's end; a second {why} ends the process at once)",
+                "{why}: stopping; the checkpoint will be of step {} (a step in progress in \
+                 run.backward() is abandoned at its next micro-batch; a loop that only \
+                 reports ends when it reads run.should_stop, or at the next step's end; a \
+                 second {why} ends the process at once)",
                 self.step
             ),
         );

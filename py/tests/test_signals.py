@@ -82,3 +82,127 @@ def test_sigterm_while_paused_from_the_dashboard_stops_cleanly(tmp_path, runtime
     recs = records(log)
     assert recs[-1]["kind"] == "finished" and recs[-1]["stopped_by_user"], recs[-3:]
     assert any(r["kind"] == "checkpoint_saved" for r in recs)
+
+
+@pytest.mark.parametrize(
+    "sig",
+    [
+        signal.SIGUSR1,
+        signal.SIGUSR2,
+        signal.SIGXCPU,
+        signal.SIGPWR,
+        signal.SIGQUIT,
+        signal.SIGVTALRM,
+        signal.SIGPROF,
+    ],
+    ids=lambda s: signal.Signals(s).name,
+)
+def test_every_signal_that_would_end_the_process_stops_with_a_checkpoint(
+    tmp_path, runtime_dir, sig
+):
+    """Their default ended the process with no checkpoint and the log without its end
+    (SIGUSR1 is SLURM's --signal=USR1@T warning, SIGXCPU a CPU-time limit's). Now each asks
+    the loop to stop like SIGTERM: a checkpoint, a complete log, exit 128 + the signal for a
+    loop that does not read should_stop."""
+    p, log, ck = start(tmp_path, "ignore")
+    p.send_signal(sig)
+    if sig == signal.SIGXCPU:
+        # The kernel repeats it every second past the soft limit: not a second request.
+        time.sleep(0.02)
+        p.send_signal(sig)
+    out, err = p.communicate(timeout=30)
+    name = signal.Signals(sig).name
+    assert p.returncode == 128 + sig, err
+    assert f"{name}: stopping" in err, err
+    recs = records(log)
+    assert recs[-1]["kind"] == "finished" and recs[-1]["stopped_by_user"], recs[-3:]
+    saved = [r for r in recs if r["kind"] == "checkpoint_saved"]
+    assert saved and (ck / f"step-{saved[0]['step']}.txt").exists()
+    assert list(runtime_dir.iterdir()) == [], "the socket was left behind"
+
+
+def long_run(tmp_path: Path, name: str, *extra: str) -> subprocess.Popen:
+    return spawn(
+        [
+            str(HERE / "signalled_run.py"),
+            "--mode",
+            "long",
+            "--log",
+            str(tmp_path / f"{name}.jsonl"),
+            "--checkpoints",
+            str(tmp_path / "ck"),
+            "--samples",
+            "20000",
+            *extra,
+        ]
+    )
+
+
+def test_sigterm_in_a_long_step_gives_it_up_at_the_next_micro_batch_and_the_resume_matches(
+    tmp_path, runtime_dir
+):
+    """SIGTERM during run.backward() of a step of tens of seconds: said at once, the step
+    given up at the next micro-batch (its partial gradients dropped), on_checkpoint called
+    with the last completed step, the process out within seconds; resumed from that
+    checkpoint, the loop redoes the step and ends with the parameters of a loop never
+    interrupted."""
+    import torch
+
+    (tmp_path / "ck").mkdir()
+    # Never interrupted: step 2 in one micro-batch.
+    p = long_run(tmp_path, "full", "--micro-batch", "20000", "--out", str(tmp_path / "full.pt"))
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+
+    p = long_run(tmp_path, "run", "--micro-batch", "1")
+    assert p.stdout.readline().strip() == "ready"
+    log = tmp_path / "run.jsonl"
+    deadline = time.monotonic() + 60
+    while not any(r["kind"] == "step" for r in records(log)):
+        assert time.monotonic() < deadline, "step 1 never ended"
+        time.sleep(0.05)
+    time.sleep(1.5)
+    asked = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    took = time.monotonic() - asked
+    assert p.returncode == 128 + signal.SIGTERM, err
+    assert "SIGTERM: stopping: a step in progress" in err, err
+    recs = records(log)
+    notices = [r for r in recs if r["kind"] == "notice"]
+    gave_up = next(r for r in notices if "abandoned after" in r["text"])
+    heard = next(r for r in notices if "SIGTERM: stopping" in r["text"])
+    notice = gave_up["text"]
+    done, samples = (int(w) for w in notice.split("after ")[1].split(" samples")[0].split(" of "))
+    secs = float(notice.split("(")[1].split(" s in")[0])
+    whole = secs * samples / max(done, 1)
+    print(
+        f"given up {gave_up['t'] - heard['t']:.2f} s after the signal was heard, exit "
+        f"{took:.2f} s after SIGTERM; the step would have taken about {whole:.0f} s"
+    )
+    assert whole >= 20, notice
+    assert gave_up["t"] - heard["t"] < 1, "given up at the next micro-batch"
+    # Most of it is the interpreter's own teardown (about 2.5 s for a bare `import torch`
+    # script on 2 loaded cores).
+    assert took < 10, f"{took:.1f} s"
+    assert [r["step"] for r in recs if r["kind"] == "step"] == [1]
+    assert recs[-1]["kind"] == "finished" and recs[-1]["stopped_by_user"], recs[-3:]
+    assert (tmp_path / "ck" / "step-1.pt").exists()
+    assert not (tmp_path / "ck" / "step-2.pt").exists()
+
+    p = long_run(
+        tmp_path,
+        "resumed",
+        "--micro-batch",
+        "20000",
+        "--resume",
+        str(tmp_path / "ck" / "step-1.pt"),
+        "--out",
+        str(tmp_path / "resumed.pt"),
+    )
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    full = torch.load(tmp_path / "full.pt")
+    resumed = torch.load(tmp_path / "resumed.pt")
+    for k in full:
+        assert torch.equal(full[k], resumed[k]), k

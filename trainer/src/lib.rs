@@ -14,3 +14,4 @@ pub mod runner;
 pub mod schedule;
 pub mod snapshot;
 pub mod step;
+pub mod stop;

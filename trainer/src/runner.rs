@@ -35,7 +35,8 @@ use crate::oom;
 use crate::optim::{AdamW, AdamWConfig};
 use crate::peak::PeakMeter;
 use crate::schedule::Schedule;
-use crate::step::{self, StepPlan};
+use crate::step::{self, StepPlan, Stepped};
+use crate::stop::StopSwitch;
 
 /// Steps ahead the controller is told about lengths (a ramp or random lengths), so it can
 /// shrink before a longer one arrives rather than meet it at critical.
@@ -62,6 +63,9 @@ pub struct TrainOptions {
     pub fifo_wait: std::time::Duration,
     /// On a resume, where the controller starts (`--batch-size`); else the checkpoint's.
     pub start_micro_batch: Option<usize>,
+    /// Seen between micro-batches: a stop gives the step in progress up (see
+    /// [`StopSwitch`]). The trainer sets it itself when a stop command arrives mid-step.
+    pub stop: StopSwitch,
 }
 
 impl TrainOptions {
@@ -77,6 +81,7 @@ impl TrainOptions {
             allow_changed_corpus: false,
             fifo_wait: crate::data::FIFO_WAIT,
             start_micro_batch: None,
+            stop: StopSwitch::new(),
         }
     }
 }
@@ -313,14 +318,24 @@ fn schedule_change(now: &RunConfig, then: &RunConfig, step: u64) -> Option<Notic
     let next = step + 1;
     let old = Schedule::new(&then.optim, then.run.steps).lr_at(next);
     let new = Schedule::new(&now.optim, now.run.steps).lr_at(next);
+    let change = format!(
+        "the run is now {} steps long (it was {}): the learning-rate schedule's decay is \
+         stretched to match",
+        now.run.steps, then.run.steps
+    );
+    // Said as a warning only when the next step's rate differs (shown to 4 digits): in
+    // warmup it does not, and "9.000e-4 instead of 9.000e-4" alarmed for nothing.
+    if format!("{new:.3e}") == format!("{old:.3e}") {
+        return Some(Notice::new(
+            Level::Info,
+            "optim",
+            format!("{change}; step {next}'s lr is unchanged ({new:.3e}), later ones differ"),
+        ));
+    }
     Some(Notice::new(
         Level::Warn,
         "optim",
-        format!(
-            "the run is now {} steps long (it was {}): the learning-rate schedule's decay is \
-             stretched to match, so step {next} trains at lr {new:.3e} instead of {old:.3e}",
-            now.run.steps, then.run.steps
-        ),
+        format!("{change}, so step {next} trains at lr {new:.3e} instead of {old:.3e}"),
     ))
 }
 
@@ -368,12 +383,44 @@ fn fmt_count(n: u128) -> String {
 }
 
 /// Free space for checkpoints: refused when not even one fits, said when fewer than a
-/// save needs with the ones it keeps (a save writes the new one before pruning).
-fn check_room(root: &Path, parameters: u64) -> Result<Vec<Notice>, TrainError> {
-    let Some(free) = checkpoint::free_bytes(root) else {
+/// save needs with the ones it keeps (a save writes the new one before pruning). A checkpoint
+/// takes what the one resumed from takes, else [`checkpoint::estimated_size`]. A resume
+/// into its own directory makes room as a failed save does: older checkpoints go first,
+/// the one resumed from (the newest good one) never.
+fn check_room(
+    root: &Path,
+    parameters: u64,
+    resumed: Option<&checkpoint::Checkpoint>,
+    adopt: bool,
+) -> Result<Vec<Notice>, TrainError> {
+    let Some(mut free) = checkpoint::free_bytes(root) else {
         return Ok(Vec::new());
     };
-    let one = checkpoint::estimated_size(parameters);
+    let one = match resumed {
+        Some(ck) => checkpoint::size_on_disk(&ck.dir).max(1),
+        None => checkpoint::estimated_size(parameters),
+    };
+    let mut notices = Vec::new();
+    if let (true, true, Some(ck)) = (free < one, adopt, resumed) {
+        let removed = checkpoint::prune_all_but(root, Some(&ck.dir));
+        if !removed.is_empty() {
+            let before = free;
+            free = checkpoint::free_bytes(root).unwrap_or(free);
+            notices.push(Notice::new(
+                Level::Warn,
+                "checkpoint",
+                format!(
+                    "{} had {} free and a checkpoint of this run takes {}: deleted older \
+                     checkpoints ({}) to make room; {} is kept",
+                    root.display(),
+                    fmt_bytes(before),
+                    fmt_bytes(one),
+                    removed.join(", "),
+                    ck.dir.display()
+                ),
+            ));
+        }
+    }
     if free < one {
         return Err(CheckpointError::NoRoom {
             root: root.to_path_buf(),
@@ -384,7 +431,7 @@ fn check_room(root: &Path, parameters: u64) -> Result<Vec<Notice>, TrainError> {
     }
     let want = one * (checkpoint::KEEP as u64 + 1);
     if free < want {
-        return Ok(vec![Notice::new(
+        notices.push(Notice::new(
             Level::Warn,
             "checkpoint",
             format!(
@@ -396,9 +443,50 @@ fn check_room(root: &Path, parameters: u64) -> Result<Vec<Notice>, TrainError> {
                 fmt_bytes(one),
                 checkpoint::KEEP + 1
             ),
-        )]);
+        ));
     }
-    Ok(Vec::new())
+    Ok(notices)
+}
+
+/// A state.json whose step disagrees with its directory's name or with the tokens it says
+/// were seen was edited, or copied from elsewhere: refused, since a resume from it would
+/// continue at the wrong step (another learning rate, other batches) without a word.
+fn check_state_consistent(ck: &checkpoint::Checkpoint) -> Result<(), TrainError> {
+    let st = &ck.state;
+    let named = ck
+        .dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(checkpoint::parse_step_dir);
+    let cfg = &st.config;
+    let effective = cfg.batch.effective() as u64;
+    let tokens_at = |steps: u64| -> u64 {
+        (1..=steps)
+            .map(|s| effective * cfg.data.seq_len_at(cfg.run.seed, s) as u64)
+            .sum()
+    };
+    let mut wrong = Vec::new();
+    if let Some(n) = named.filter(|n| *n != st.step) {
+        wrong.push(format!("its directory is {}", checkpoint::step_dir_name(n)));
+    }
+    let expected = tokens_at(st.step);
+    if st.tokens_seen != expected {
+        wrong.push(format!(
+            "tokens_seen is {} where {} steps of {} sequences make {expected}",
+            st.tokens_seen, st.step, effective
+        ));
+    }
+    if wrong.is_empty() {
+        return Ok(());
+    }
+    Err(TrainError::Checkpoint(CheckpointError::Corrupt {
+        file: ck.dir.join("state.json"),
+        reason: format!(
+            "it says step {}, but {} (edited, or copied from another step)",
+            st.step,
+            wrong.join(", and ")
+        ),
+    }))
 }
 
 /// How an attempt at a step or a validation pass failed.
@@ -500,6 +588,10 @@ struct Trainer {
     memory: MemorySummary,
     /// Tokens per micro-batch of the previous step ([`Trainer::follow_smaller_step`]).
     last_tokens: usize,
+    /// Asked between micro-batches whether to give the step up.
+    stop: StopSwitch,
+    /// Commands that arrived during a step, carried out at its end.
+    pending: std::collections::VecDeque<Command>,
 }
 
 impl Trainer {
@@ -522,6 +614,9 @@ impl Trainer {
         }
         check_model_fits(&cfg, device)?;
         let resumed = opts.resume.as_deref().map(checkpoint::load).transpose()?;
+        if let Some(ck) = &resumed {
+            check_state_consistent(ck)?;
+        }
         let corpus = corpus_record(&cfg, &data);
         if let Some(ck) = &resumed {
             check_same_corpus(ck, &corpus, opts.allow_changed_corpus, bus)?;
@@ -601,7 +696,12 @@ impl Trainer {
                 ),
             ));
         }
-        notices.extend(check_room(&opts.checkpoint_dir, model.num_parameters())?);
+        notices.extend(check_room(
+            &opts.checkpoint_dir,
+            model.num_parameters(),
+            resumed.as_ref(),
+            adopt,
+        )?);
 
         // Resuming starts at the micro-batch the run had settled on, unless the user asked
         // for another one (--batch-size) this time.
@@ -657,6 +757,8 @@ impl Trainer {
             stopped_by_user: false,
             memory: MemorySummary::default(),
             last_tokens: 0,
+            stop: opts.stop,
+            pending: Default::default(),
         })
     }
 
@@ -811,11 +913,22 @@ impl Trainer {
             status: RunStatus::Running,
         });
 
+        self.stop.publish(self.step, false);
         while self.step < total {
             if let Flow::Stop = self.drain_commands(bus, commands)? {
                 break;
             }
-            self.train_one(bus)?;
+            if !self.train_one(bus, commands)? {
+                // Given up for a stop: the stop command is among those that arrived during
+                // the step (or on its way); the others go with the run.
+                let cmd = self
+                    .pending
+                    .iter()
+                    .position(|c| matches!(c, Command::Stop))
+                    .and_then(|i| self.pending.remove(i));
+                self.stop(bus, cmd);
+                break;
+            }
             let s = self.step;
             let every = |n: u64| n > 0 && s.is_multiple_of(n) && s < total;
             if every(self.cfg.run.eval_every) {
@@ -833,7 +946,9 @@ impl Trainer {
             }
         }
 
-        if self.last_eval_step != Some(self.step) {
+        // A stop skips the final validation pass: whoever stops a run (a scheduler whose
+        // SIGKILL follows, a user at the keyboard) waits for the checkpoint, not for it.
+        if !self.stopped_by_user && self.last_eval_step != Some(self.step) {
             self.evaluate(bus)?;
         }
         let trained = self.step > self.start_step;
@@ -872,8 +987,9 @@ impl Trainer {
     }
 
     /// One optimizer step, retried with smaller micro-batches after an out-of-memory
-    /// error until it succeeds or the controller gives up.
-    fn train_one(&mut self, bus: &Bus) -> Result<(), String> {
+    /// error until it succeeds or the controller gives up. False: a stop gave the step up
+    /// between two micro-batches (its partial gradients dropped, nothing else changed).
+    fn train_one(&mut self, bus: &Bus, commands: &Receiver<Command>) -> Result<bool, String> {
         let s = self.step + 1;
         let seq = self.cfg.data.seq_len_at(self.cfg.run.seed, s);
         let forecast = self.controller.before_step_ahead(seq, self.upcoming(s));
@@ -896,14 +1012,47 @@ impl Trainer {
             }
             let t0 = Instant::now();
             let (model, opt, data) = (&self.model, &mut self.opt, &self.data);
+            let (stop, pending) = (&self.stop, &mut self.pending);
+            // Commands that arrive during the step wait for its end, but a stop is seen
+            // at the next micro-batch boundary.
+            let mut abandon = |at: step::Boundary| {
+                while let Ok(c) = commands.try_recv() {
+                    if matches!(c, Command::Stop) {
+                        stop.request();
+                    }
+                    pending.push_back(c);
+                }
+                match at {
+                    step::Boundary::MicroBatch => stop.requested(),
+                    step::Boundary::Update => !stop.commit(),
+                }
+            };
             let panic_now = self.inject_panic.take_if(|p| *p == s).is_some();
+            self.stop.publish(self.step, true);
             let error = match attempt(self.hard_limit, || {
                 if panic_now {
                     panic!("injected panic in step {s} (HEADROOM_INJECT_PANIC)");
                 }
-                step::train_step(model, opt, data, &plan)
+                step::train_step_until(model, opt, data, &plan, &mut abandon)
             }) {
-                Ok(out) => {
+                Ok(Stepped::Abandoned { micro_batches_done }) => {
+                    self.opt.zero_grad();
+                    self.stop.publish(self.step, false);
+                    bus.send(Telemetry::Notice(Notice::new(
+                        Level::Warn,
+                        "stop",
+                        format!(
+                            "step {s} abandoned after {micro_batches_done} of {} micro-batches \
+                             ({:.1}s in): its partial gradients are dropped and the parameters \
+                             stay those of step {}; a resume redoes step {s}",
+                            plan.accum_steps(),
+                            t0.elapsed().as_secs_f64(),
+                            self.step
+                        ),
+                    )));
+                    return Ok(false);
+                }
+                Ok(Stepped::Done(out)) => {
                     let dt = t0.elapsed().as_secs_f64().max(1e-9);
                     self.observe_memory(bus, &plan, predicted);
                     break (plan, out, dt);
@@ -922,6 +1071,7 @@ impl Trainer {
         }
         let tokens = (plan.effective_batch * seq) as u64;
         self.step = s;
+        self.stop.publish(s, false);
         self.tokens_seen += tokens;
         self.last_loss = Some(out.loss);
         self.losses_since_eval.0 += out.loss;
@@ -941,7 +1091,7 @@ impl Trainer {
             seq_len: seq,
             tokens_seen: self.tokens_seen,
         }));
-        Ok(())
+        Ok(true)
     }
 
     /// On the CPU, glibc keeps the heap a bigger step grew: the resident set, and so the
@@ -1217,7 +1367,9 @@ impl Trainer {
     fn drain_commands(&mut self, bus: &Bus, commands: &Receiver<Command>) -> Result<Flow, String> {
         let mut paused = false;
         loop {
-            let cmd = if paused {
+            let cmd = if let Some(c) = self.pending.pop_front() {
+                c
+            } else if paused {
                 match commands.recv() {
                     Ok(c) => c,
                     // Nobody can resume us any more: stop cleanly rather than hang.
@@ -1336,5 +1488,37 @@ impl Trainer {
             });
         }
         Flow::Stop
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lengthened(from: u64, to: u64, step: u64) -> Notice {
+        let mut then = RunConfig::default();
+        then.run.steps = from;
+        let mut now = then.clone();
+        now.run.steps = to;
+        schedule_change(&now, &then, step).expect("the length changed")
+    }
+
+    #[test]
+    fn a_longer_run_in_warmup_is_said_without_alarm() {
+        // The default warms up over 20 steps: step 6's rate does not depend on the length.
+        let n = lengthened(300, 500, 5);
+        assert_eq!(n.level, Level::Info, "{}", n.text);
+        assert!(
+            n.text.contains("step 6's lr is unchanged") && !n.text.contains("instead of"),
+            "{}",
+            n.text
+        );
+        // After warmup it does: a warning with both rates.
+        let n = lengthened(300, 500, 200);
+        assert_eq!(n.level, Level::Warn, "{}", n.text);
+        assert!(n.text.contains("instead of"), "{}", n.text);
+        let mut same = RunConfig::default();
+        same.run.steps = 300;
+        assert!(schedule_change(&same, &same.clone(), 5).is_none());
     }
 }

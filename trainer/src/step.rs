@@ -42,6 +42,19 @@ pub struct StepOutcome {
     pub grad_norm: f64,
 }
 
+/// How [`train_step_until`] ended.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Stepped {
+    Done(StepOutcome),
+    /// A stop was asked for between micro-batches: the optimizer never ran, so the
+    /// parameters and the optimizer state are still those of the previous step; the
+    /// partial gradients are left for the caller to drop.
+    Abandoned {
+        /// Micro-batches that had completed (their work is lost).
+        micro_batches_done: usize,
+    },
+}
+
 /// Forward and backward over every micro-batch, then clip and update. The gradients are
 /// zeroed first, so a step retried after a failure starts clean.
 pub fn train_step(
@@ -50,6 +63,31 @@ pub fn train_step(
     data: &Dataset,
     plan: &StepPlan,
 ) -> Result<StepOutcome, TchError> {
+    match train_step_until(model, opt, data, plan, &mut |_| false)? {
+        Stepped::Done(out) => Ok(out),
+        Stepped::Abandoned { .. } => unreachable!("nothing asked to abandon the step"),
+    }
+}
+
+/// Where [`train_step_until`] asks whether to give the step up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Boundary {
+    /// Before a micro-batch.
+    MicroBatch,
+    /// After the last one, before the update: the last chance; past it the update (short,
+    /// and all-or-nothing) always completes.
+    Update,
+}
+
+/// [`train_step`], asking `abandon` at every micro-batch boundary whether to give the step
+/// up: a stop then waits for one micro-batch, not for the whole step.
+pub fn train_step_until(
+    model: &Gpt,
+    opt: &mut AdamW,
+    data: &Dataset,
+    plan: &StepPlan,
+    abandon: &mut dyn FnMut(Boundary) -> bool,
+) -> Result<Stepped, TchError> {
     let e = plan.effective_batch;
     let b = plan.micro_batch.max(1);
     if e == 0 {
@@ -60,6 +98,11 @@ pub fn train_step(
     let mut loss_sum = Tensor::f_zeros([], (Kind::Float, device))?;
     let mut first = 0;
     while first < e {
+        if abandon(Boundary::MicroBatch) {
+            return Ok(Stepped::Abandoned {
+                micro_batches_done: first.div_ceil(b),
+            });
+        }
         let len = b.min(e - first);
         let (x, y) = data.train_batch(plan.seed, plan.step, first, len, plan.seq_len, device)?;
         // Each micro-batch's mean weighted by its share of the batch: the gradients then
@@ -75,6 +118,11 @@ pub fn train_step(
         }
     }
 
+    if abandon(Boundary::Update) {
+        return Ok(Stepped::Abandoned {
+            micro_batches_done: e.div_ceil(b),
+        });
+    }
     let grads = opt.grads();
     let norm = global_norm(&grads, device)?;
     if plan.grad_clip > 0.0 {
@@ -96,10 +144,10 @@ pub fn train_step(
         .f_to_kind(Kind::Double)?
         .f_to_device(Device::Cpu)?;
     let v = Vec::<f64>::try_from(&both)?;
-    Ok(StepOutcome {
+    Ok(Stepped::Done(StepOutcome {
         loss: v[0],
         grad_norm: v[1],
-    })
+    }))
 }
 
 fn global_norm(grads: &[Tensor], device: Device) -> Result<Tensor, TchError> {

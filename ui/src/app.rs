@@ -497,10 +497,16 @@ impl App {
                 self.stop_requested = true;
                 self.show_help = false;
                 self.editor = None;
-                self.log(
-                    Level::Info,
-                    "stop requested: finishing the step and checkpointing (q again: quit now)",
-                );
+                // Said at once; the trainer gives the step in progress up at its next
+                // micro-batch and saves the last completed one.
+                let text = match self.last_step.as_ref().map(|s| s.step) {
+                    Some(n) => format!(
+                        "stopping: the step in progress is abandoned at its next micro-batch; \
+                         the checkpoint will be of step {n} (q again: quit now)"
+                    ),
+                    None => "stopping: no step has completed yet (q again: quit now)".into(),
+                };
+                self.log(Level::Info, text);
                 Reaction::Send(Command::Stop)
             }
             Action::Suspend => Reaction::Suspend,
@@ -705,7 +711,7 @@ impl App {
                 self.stop_requested = true;
                 self.log(
                     Level::Info,
-                    "stop requested: the run finishes the step and checkpoints (q detaches)",
+                    "stop requested: the run stops with a checkpoint of its last completed step (q detaches)",
                 );
                 Reaction::Send(Command::Stop)
             }

@@ -526,11 +526,13 @@ impl Controller {
         vec![Decision::Warning {
             usage,
             forecast: true,
+            // No percentage: from one reading it would be an extrapolation (919% was
+            // seen), read as a risk that was never measured.
             text: format!(
-                "holding at {mb}: with one size measured the fixed part of the memory \
-                 is not known, and {} × {seq} could reach {:.0}% of the limit{}",
+                "holding at {mb}: only one size has been measured, so how much of the \
+                 memory grows with the batch is not known yet; {} × {seq} is not tried \
+                 while it could pass the critical threshold{}",
                 mb + 1,
-                self.predicted_usage(mb + 1, seq).unwrap_or(1.0) * 100.0,
                 if self.estimate.baseline().is_some() {
                     ""
                 } else {
