@@ -288,8 +288,9 @@ mod tests {
         let cfg = args(&["--on-usr1", "checkpoint"]).resolve(None).unwrap();
         assert_eq!(cfg.run.on_usr1, OnUserSignal::Checkpoint);
         assert_eq!(cfg.run.on_usr2, OnUserSignal::Stop, "the default");
-        let mut argv = vec!["headroom", "train", "--on-usr2", "pause"];
-        let err = Cli::try_parse_from(argv.drain(..)).unwrap_err().to_string();
+        let err = Cli::try_parse_from(["headroom", "train", "--on-usr2", "pause"])
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("stop or checkpoint"), "{err}");
     }
 
