@@ -17,7 +17,7 @@ import torch.distributed as dist
 import headroom
 from headroom import _native, _torch
 
-from conftest import TinyGPT, gpt_batches
+from conftest import TinyGPT
 
 
 class _FailInBackward(torch.autograd.Function):
@@ -59,6 +59,7 @@ def main() -> int:
     ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds to idle per step")
     ap.add_argument("--raise-at", default="", help="RANK@STEP: loss_fn raises ValueError there")
     ap.add_argument("--checkpoint", action="store_true", help="on_checkpoint writes a file")
+    ap.add_argument("--fixed", action="store_true", help="adaptive=False: the size is held")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -67,7 +68,14 @@ def main() -> int:
     inner = TinyGPT(d=args.width, t=args.seq)
     model = torch.nn.parallel.DistributedDataParallel(inner)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    batches = gpt_batches(args.steps, args.per_rank * world, t=args.seq, seed=0)
+    # Drawn step by step from conftest's generator (the same batches as gpt_batches, which
+    # would build every step's batch up front: gigabytes for a run of 100000 steps).
+    gen = torch.Generator().manual_seed(0)
+
+    def batches():
+        for _ in range(args.steps):
+            x = torch.randint(0, 64, (args.per_rank * world, args.seq), generator=gen)
+            yield x, torch.roll(x, -1, dims=1)
 
     plan: dict[int, str] = {}
     if args.inject:
@@ -129,9 +137,10 @@ def main() -> int:
         memory_budget=None if budget is None else str(budget),
         hard_limit=bool(capped),
         on_checkpoint=on_checkpoint if args.checkpoint else None,
+        adaptive=not args.fixed,
     ) as run:
         print(f"rank {rank} pid {os.getpid()} serving {run.name}", flush=True)
-        for step, (x, y) in enumerate(batches, 1):
+        for step, (x, y) in enumerate(batches(), 1):
             if run.should_stop:
                 break
             state.update(step=step, done=0)

@@ -399,3 +399,50 @@ def test_a_rank_that_raises_ends_every_rank_naming_it_and_why(tmp_path):
     assert own and "ValueError" in own[0]["reason"], own
     for r in range(2):
         assert len(kinds(tmp_path / f"rank{r}.jsonl", "step")) == 2
+
+
+def test_sigterm_in_a_long_step_gives_it_up_on_every_rank_and_saves_the_last_completed(
+    tmp_path,
+):
+    """Steps of many seconds (micro-batches of 1): SIGTERM to torchrun mid-step; each rank
+    leaves its micro-batches at the next boundary, the job gives the step up at one
+    agreement, every rank checkpoints the last completed step and exits, within seconds."""
+    job = torchrun(
+        2,
+        "ddp_adaptive.py",
+        "--steps",
+        "100000",
+        "--per-rank",
+        "3000",
+        "--micro",
+        "1",
+        "--fixed",
+        "--checkpoint",
+        "--out",
+        str(tmp_path),
+    )
+    try:
+        _pids(job, 2)
+        _wait_for_steps(tmp_path / "rank1.jsonl", 1, job, timeout=240)
+        _wait_for_steps(tmp_path / "rank0.jsonl", 1, job, timeout=240)
+        step_s = kinds(tmp_path / "rank0.jsonl", "step")[0]["step_time_s"]
+        time.sleep(min(2.0, step_s / 4))
+        t0 = time.monotonic()
+        job.send_signal(signal.SIGTERM)
+        job.communicate(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        if job.poll() is None:
+            job.kill()
+    for r in range(2):
+        log = tmp_path / f"rank{r}.jsonl"
+        steps = kinds(log, "step")
+        assert len(steps) == 1, f"rank {r} completed {len(steps)} steps"
+        saved = kinds(log, "checkpoint_saved")
+        assert [c["step"] for c in saved] == [1], saved
+        assert (tmp_path / f"ckpt-rank{r}-step1.pt").exists()
+        texts = [n["text"] for n in kinds(log, "notice")]
+        assert any("step 2 given up by every rank of the job" in t for t in texts), texts
+        assert kinds(log, "finished")[0]["stopped_by_user"]
+    # A step took step_s; giving it up takes one micro-batch, the save and the exits.
+    assert took < max(8.0, step_s / 2), f"{took:.1f} s to stop (a step takes {step_s:.1f} s)"

@@ -461,17 +461,25 @@ fn commands_are_answered_with_what_was_applied() {
     tx.send(Command::Resume).unwrap();
     expect_applied(&rx.events, Command::Resume, "already running");
     tx.send(Command::Stop).unwrap();
-    assert_eq!(next_event(&rx.events), status(RunStatus::Stopping));
-    expect_applied(&rx.events, Command::Stop, "stopping after step");
     let summary = handle.join().unwrap();
     assert!(summary.stopped_by_user);
     assert!(summary.steps_done >= saved_step && summary.steps_done < 10_000);
 
+    // A stop is prompt (issue 22): one that lands mid-step gives the step up at its next
+    // micro-batch (said in a notice, which may come before the stop's own answer); one
+    // that lands between steps stops after the step. Either way it is answered.
     let rest: Vec<Telemetry> = rx.events.try_iter().map(|r| r.msg).collect();
     let kinds: Vec<&str> = rest.iter().map(|e| e.kind()).collect();
+    assert!(rest.contains(&status(RunStatus::Stopping)), "{kinds:?}");
+    assert!(
+        rest.iter().any(|e| matches!(
+            e,
+            Telemetry::CommandApplied { command: Command::Stop, applied } if applied.contains("stop")
+        )),
+        "the stop was not answered: {rest:?}"
+    );
     assert_eq!(kinds.last(), Some(&"finished"), "{kinds:?}");
     assert!(rest.contains(&status(RunStatus::Finished)));
-    assert!(kinds.contains(&"eval"), "a final evaluation: {kinds:?}");
     let Some(Telemetry::Finished(f)) = rest.last() else {
         unreachable!()
     };

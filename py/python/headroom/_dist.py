@@ -65,6 +65,15 @@ GRACE_AFTER_SIGNAL_S = 3.0
 STOP_DEADLINE_S = 25.0
 
 
+class Abandon(Exception):
+    """A stop signal reached this rank mid-step: it leaves its micro-batches for the
+    agreement, where every rank gives the step up together."""
+
+    def __init__(self, done: int, samples: int):
+        super().__init__(f"step given up after {done} of {samples} samples")
+        self.done, self.samples = done, samples
+
+
 class RankFailed(RuntimeError):
     """Another rank of the job failed; this one ends too (the message says which)."""
 

@@ -39,6 +39,8 @@ class LossError(ValueError):
 
 
 _current: Run | None = None
+# run.backward's answer to run.step when a torchrun job gave the step up (a stop).
+_GIVEN_UP = ("given up",)
 _current_lock = threading.Lock()
 _uncaught: list[BaseException] = []
 
@@ -302,11 +304,9 @@ class Run:
 
     def _abandon_step_requested(self) -> bool:
         """Whether the step in progress is to be given up at this micro-batch boundary
-        (a stop signal arrived). One place to ask, so that under a process group every
-        rank can be made to give up at the same boundary. Under a process group it is
-        not yet agreed between ranks, so a rank there finishes its step and stops at the
-        step's end, as before."""
-        return self._job is None and self._signalled is not None
+        (a stop signal arrived). Under a process group the rank leaves its micro-batches
+        for the agreement, where every rank gives the step up together."""
+        return self._signalled is not None
 
     def _stop_between_micro_batches(self, done: int, samples: int) -> None:
         """Called in run.backward() before each micro-batch. After a stop signal the step
@@ -316,6 +316,8 @@ class Run:
         redoes the step. `done` of the step's `samples` were through."""
         if not self._abandon_step_requested():
             return
+        if self._job is not None:
+            raise _dist.Abandon(done, samples)
         signum = self._signalled
         name = signal.Signals(signum).name
         self._clear_grads()
@@ -505,6 +507,7 @@ class Run:
             _torch.free_memory(self.device)
         if job is not None:
             job.sync_buffers(step)
+        given_up = None
         try:
             with job.no_sync() if job is not None else contextlib.nullcontext():
                 total, mb, predicted = self._accumulate(
@@ -517,6 +520,10 @@ class Run:
                     "holds a NaN/inf); the gradients were cleared. Lower the learning rate or "
                     "check the batch"
                 )
+        except _dist.Abandon as e:
+            # A stop signal on this rank: the step is given up at the agreement, by every
+            # rank together (below).
+            given_up = e
         except BaseException as e:
             # Whatever ends the step early (a bad loss, an error in loss_fn, Ctrl-C)
             # leaves no gradient of it behind: a retried step starts clean.
@@ -525,11 +532,30 @@ class Run:
                 self._job_fail(step, e)
             raise
         if job is not None:
-            agreed = job.agree(step)
+            agreed = job.agree(step, _dist.ABANDON if given_up else _dist.OK)
             self._job_agreed(step, agreed)
+            if agreed.abandon:
+                return self._give_up_step(step, given_up)
             job.reduce(step, agreed.grads_agree)
         self._accumulated = (step, mb, seq, n, t0, value, predicted)
         return value
+
+    def _give_up_step(self, step: int, here: _dist.Abandon | None) -> float:
+        """A job's stop during a step: every rank drops the step's gradients at the same
+        agreement; the parameters are those of the last completed step, which the stop's
+        checkpoint (at run.step's boundary) saves on every rank. Returns NaN: the step has
+        no loss, and run.step applies nothing."""
+        self._clear_grads()
+        where = f"after {here.done} of {here.samples} samples on this rank " if here else ""
+        self._native.notice_text(
+            f"step {step} given up by every rank of the job {where}(a stop signal): its "
+            f"partial gradients are dropped; the checkpoint is of step {self._step}, and a "
+            f"resume redoes step {step}",
+            level="warn",
+            source="signal",
+        )
+        self._accumulated = _GIVEN_UP
+        return math.nan
 
     def _accumulate(
         self, batch, loss_fn, cut, n: int, seq: int, step: int, mb: int, reduction, backward, scaler
@@ -609,6 +635,11 @@ class Run:
                 "run.step(optimizer) without run.backward(batch, loss_fn) before it: there "
                 "are no gradients of this run to apply"
             )
+        if self._accumulated is _GIVEN_UP:
+            # The job gave the step up (a stop): nothing to apply; the boundary checkpoints.
+            self._accumulated = None
+            self._boundary()
+            return
         step, mb, seq, n, t0, value, predicted = self._accumulated
         if not self._optimizer_said:
             self._optimizer_said = True
