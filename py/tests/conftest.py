@@ -33,6 +33,7 @@ def runtime_dir(tmp_path, monkeypatch):
     d.mkdir(mode=0o700)
     monkeypatch.setenv("HEADROOM_RUNTIME_DIR", str(d))
     yield d
+    kill_jobs()
     current = _run._current
     if current is not None and not current.ended:
         current.fail("left active by a test")
@@ -165,22 +166,122 @@ def cnn_batches(steps: int, n: int, seed: int = 0):
     return out
 
 
-def spawn(argv: list[str], new_session: bool = False) -> subprocess.Popen:
+def die_with_parent() -> None:
+    """Asks the kernel to kill this process when its parent dies (Linux's
+    PR_SET_PDEATHSIG), so no rank or child outlives a killed test run: torchrun starts
+    each rank in a session of its own, where the test's process-group kill cannot reach."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+
+
+def spawn(
+    argv: list[str], new_session: bool = False, output: Path | None = None
+) -> subprocess.Popen:
     """Starts `python ARGV…` in its own process (a hard cap, signals and torchrun are
-    process-wide), with this directory importable (the scripts use conftest's models).
-    `new_session`: in a session of its own, so its children can be killed with it."""
+    process-wide), with this directory importable (the scripts use conftest's models); it
+    dies with this process. `new_session`: in a session of its own, so its children can
+    be killed with it. `output`: a folder for its stdout and stderr (out.txt, err.txt)
+    instead of pipes, for long runs that nobody reads while they go."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parent), env.get("PYTHONPATH", "")]
     )
-    return subprocess.Popen(
-        [sys.executable, *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=new_session,
+    with contextlib.ExitStack() as files:
+        streams: dict = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+        if output is not None:
+            output.mkdir(parents=True, exist_ok=True)
+            streams = {
+                name: files.enter_context(open(output / f"{name[3:]}.txt", "w"))
+                for name in ("stdout", "stderr")
+            }
+        return subprocess.Popen(
+            [sys.executable, *argv],
+            text=True,
+            env=env,
+            start_new_session=new_session,
+            preexec_fn=die_with_parent,
+            **streams,
+        )
+
+
+def kill_all_mentioning(text: str) -> None:
+    """SIGKILLs every process whose command line holds `text` (a test's own folder): what
+    a test started, however deep, whatever session it put itself in."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), 9)
+
+
+_jobs: list[subprocess.Popen] = []
+
+
+def torchrun(nproc: int, script: Path, *args: str) -> subprocess.Popen:
+    """`torchrun --standalone` of a rank script (this directory's), in a session of its
+    own; its stdout and stderr go to files in its --out folder (out.txt, err.txt): a pipe
+    nobody drains while the ranks train can fill and stall them. Killed with every rank
+    when the test ends."""
+    out = Path(args[args.index("--out") + 1])
+    job = spawn(
+        [
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            str(Path(__file__).resolve().parent / script),
+            *args,
+        ],
+        new_session=True,
+        output=out,
     )
+    job.out = out
+    _jobs.append(job)
+    return job
+
+
+def kill_jobs() -> None:
+    """Kills the test's torchrun jobs and every rank of them (torchrun puts each rank in a
+    session of its own: found by the job's folder), so no rank of a failed test goes on
+    training beside the next."""
+    while _jobs:
+        job = _jobs.pop()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, 9)
+        kill_all_mentioning(str(job.out))
+
+
+def output(job: subprocess.Popen) -> tuple[str, str]:
+    """A torchrun job's stdout and stderr so far."""
+    return (job.out / "out.txt").read_text(), (job.out / "err.txt").read_text()
+
+
+def wait(job: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    """Waits for the job to end; its stdout and stderr."""
+    job.wait(timeout=timeout)
+    return output(job)
+
+
+def finish(job: subprocess.Popen, timeout: float = 240) -> tuple[str, str]:
+    """Waits for a job that must succeed; its stdout and stderr."""
+    try:
+        out, err = wait(job, timeout)
+    except subprocess.TimeoutExpired as e:
+        job.kill()
+        out, err = wait(job, 60)
+        raise AssertionError(
+            f"the job hung (killed after {timeout} s):\n{out}\n{err[-4000:]}"
+        ) from e
+    assert job.returncode == 0, f"rc {job.returncode}\n{out}\n{err[-6000:]}"
+    return out, err
 
 
 __all__ = ["headroom"]

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import headroom
 from headroom import _native, _torch
 
-from conftest import TinyGPT
+from conftest import TinyGPT, die_with_parent
 
 
 class _FailInBackward(torch.autograd.Function):
@@ -39,6 +39,7 @@ class _FailInBackward(torch.autograd.Function):
 
 
 def main() -> int:
+    die_with_parent()  # a rank never outlives its torchrun
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--per-rank", type=int, default=12, help="samples per rank per step")

@@ -16,10 +16,11 @@ import torch.distributed as dist
 
 import headroom
 
-from conftest import TinyCNN, cnn_batches
+from conftest import TinyCNN, cnn_batches, die_with_parent
 
 
 def main() -> int:
+    die_with_parent()  # a rank never outlives its torchrun
     ap = argparse.ArgumentParser()
     ap.add_argument("--release", required=True, help="a file whose existence ends the hold")
     args = ap.parse_args()

@@ -15,54 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TinyGPT, gpt_batches, kinds, spawn
+from conftest import TinyGPT, finish, gpt_batches, kinds, output, torchrun, wait
 
 HERE = Path(__file__).resolve().parent
 SEQ, WIDTH = 16, 32
-
-
-@pytest.fixture(autouse=True)
-def _no_rank_left_behind():
-    """A failing test kills its torchrun and every rank with it (its session), so no rank
-    of a failed test goes on training beside the next."""
-    yield
-    while _jobs:
-        job = _jobs.pop()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(job.pid, signal.SIGKILL)
-
-
-def torchrun(nproc: int, script: str, *args: str) -> subprocess.Popen:
-    job = spawn(
-        [
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            str(nproc),
-            str(HERE / script),
-            *args,
-        ],
-        new_session=True,
-    )
-    _jobs.append(job)
-    return job
-
-
-_jobs: list[subprocess.Popen] = []
-
-
-def finish(job: subprocess.Popen, timeout: float = 240) -> tuple[str, str]:
-    try:
-        out, err = job.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        job.kill()
-        out, err = job.communicate()
-        raise AssertionError(
-            f"the job hung (killed after {timeout} s):\n{out}\n{err[-4000:]}"
-        ) from e
-    assert job.returncode == 0, f"rc {job.returncode}\n{out}\n{err[-6000:]}"
-    return out, err
 
 
 def reference(
@@ -180,21 +136,25 @@ def _wait_for_steps(log: Path, n: int, job: subprocess.Popen, timeout: float = 1
     while time.monotonic() < deadline:
         if log.exists() and len(kinds(log, "step")) >= n:
             return
-        assert job.poll() is None, job.communicate()
+        assert job.poll() is None, output(job)
         time.sleep(0.1)
     raise AssertionError(f"{log} never reached step {n}")
 
 
-def _pids(job: subprocess.Popen, world: int) -> dict[int, int]:
+def _pids(job: subprocess.Popen, world: int, timeout: float = 120) -> dict[int, int]:
     """Each rank prints `rank R pid P serving NAME` once its run serves."""
-    pids: dict[int, int] = {}
-    while len(pids) < world:
-        line = job.stdout.readline()
-        assert line, f"the job ended before every rank served: {job.communicate()}"
-        words = line.split()
-        if len(words) >= 4 and words[0] == "rank" and words[2] == "pid":
-            pids[int(words[1])] = int(words[3])
-    return pids
+    deadline = time.monotonic() + timeout
+    while True:
+        pids: dict[int, int] = {}
+        for line in output(job)[0].splitlines():
+            words = line.split()
+            if len(words) >= 4 and words[0] == "rank" and words[2] == "pid":
+                pids[int(words[1])] = int(words[3])
+        if len(pids) == world:
+            return pids
+        assert job.poll() is None, f"the job ended before every rank served: {output(job)}"
+        assert time.monotonic() < deadline, f"not every rank served within {timeout} s"
+        time.sleep(0.1)
 
 
 def test_a_rank_killed_mid_run_ends_the_job_through_torchrun_and_the_others_say_why(tmp_path):
@@ -206,7 +166,7 @@ def test_a_rank_killed_mid_run_ends_the_job_through_torchrun_and_the_others_say_
         _wait_for_steps(tmp_path / "rank0.jsonl", 3, job)
         t0 = time.monotonic()
         os.kill(pids[1], signal.SIGKILL)
-        job.communicate(timeout=60)
+        wait(job, 60)
         ended = time.monotonic() - t0
     finally:
         if job.poll() is None:
@@ -235,7 +195,7 @@ def test_sigterm_to_torchrun_checkpoints_every_rank_at_one_step_and_each_exits_0
         _pids(job, 2)
         _wait_for_steps(tmp_path / "rank1.jsonl", 3, job)
         job.send_signal(signal.SIGTERM)
-        job.communicate(timeout=60)
+        wait(job, 60)
     finally:
         if job.poll() is None:
             job.kill()
@@ -252,11 +212,6 @@ def test_sigterm_to_torchrun_checkpoints_every_rank_at_one_step_and_each_exits_0
     assert steps[0] == steps[1], f"the ranks stopped at different steps: {steps}"
 
 
-@pytest.mark.skip(
-    reason="hung in the fresh-clone CI after the session's merges (cause not found yet); "
-    "test_attach_to_the_job_shows_a_row_per_rank_and_pauses_every_rank_at_one_step holds "
-    "the same behaviour through the dashboard"
-)
 def test_commands_sent_to_rank_0_reach_every_rank_at_the_same_step(tmp_path, runtime_dir):
     """A pause sent to rank 0's socket pauses every rank after the same step, a resume
     resumes them together, and a stop ends every rank at one step, each confirming."""
@@ -305,7 +260,7 @@ def test_commands_sent_to_rank_0_reach_every_rank_at_the_same_step(tmp_path, run
         viewer.command("resume")
         _wait_for_steps(tmp_path / "rank1.jsonl", held[1] + 2, job)
         viewer.command("stop")
-        job.communicate(timeout=120)
+        wait(job, 120)
         viewer.close()
     finally:
         if job.poll() is None:
@@ -366,7 +321,7 @@ def test_attach_to_the_job_shows_a_row_per_rank_and_pauses_every_rank_at_one_ste
             screen.send(b"S")
             assert screen.wait_for("stop the run?"), screen.data[-2000:]
             screen.send(b"y")
-            job.communicate(timeout=120)
+            wait(job, 120)
             screen.send(b"q")
             _, status = os.waitpid(pid, 0)
             assert os.WEXITSTATUS(status) == 0
@@ -385,7 +340,7 @@ def test_a_rank_that_raises_ends_every_rank_naming_it_and_why(tmp_path):
     job = torchrun(
         2, "ddp_adaptive.py", "--steps", "6", "--raise-at", "1@3", "--out", str(tmp_path)
     )
-    out, err = job.communicate(timeout=240)
+    out, err = wait(job, 240)
     assert job.returncode != 0
     failed = kinds(tmp_path / "rank0.jsonl", "failed")
     assert failed, "rank 0's run did not end as failed"
@@ -426,7 +381,7 @@ def test_sigterm_in_a_long_step_gives_it_up_on_every_rank_and_saves_the_last_com
         time.sleep(min(2.0, step_s / 4))
         t0 = time.monotonic()
         job.send_signal(signal.SIGTERM)
-        job.communicate(timeout=120)
+        wait(job, 120)
         took = time.monotonic() - t0
     finally:
         if job.poll() is None:
