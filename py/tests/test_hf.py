@@ -26,7 +26,7 @@ import headroom  # noqa: E402
 import headroom.hf  # noqa: E402
 from headroom import _torch  # noqa: E402
 
-from conftest import Viewer, kinds, records, spawn  # noqa: E402
+from conftest import Viewer, finish, kinds, records, spawn, torchrun  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REL = 1e-5
@@ -226,3 +226,33 @@ def test_the_adaptive_trainer_recovers_a_real_oom_under_a_hard_cap(tmp_path):
     mem = kinds(log, "step_memory")
     assert all(m["usage"] < 1.0 for m in mem[-3:]), [m["usage"] for m in mem]
     assert records(log)[-1]["kind"] == "finished"
+
+
+def test_the_adaptive_trainer_under_torchrun_learns_what_one_process_with_the_global_batch_does(
+    tmp_path,
+):
+    """Two ranks of the Trainer's own DDP (gloo), each cutting its per-device batch of 8
+    into micro-batches, rank 1 running out of memory twice: rank 0's parameters equal a
+    single-process Trainer's with the whole global batch (16) per device."""
+    from hf_ddp import ddp_args
+
+    job = torchrun(2, "hf_ddp.py", "--out", str(tmp_path))
+    finish(job, timeout=300)
+    model_ref = tiny_gpt2()
+    args = ddp_args(per_device=16)
+    del args["ddp_backend"]
+    ref = transformers.Trainer(
+        model=model_ref, args=training_args(tmp_path / "ref", **args), train_dataset=Samples(96)
+    )
+    ref_out = ref.train()
+    for r in range(2):
+        done = json.loads((tmp_path / f"done-rank{r}.json").read_text())
+        assert done["steps"] == 3, done
+        log = tmp_path / f"rank{r}.jsonl"
+        assert len(kinds(log, "oom")) == (2 if r == 1 else 0), kinds(log, "oom")
+        assert kinds(log, "finished"), f"rank {r} did not finish"
+    rows = kinds(tmp_path / "rank0.jsonl", "job_ranks")
+    assert rows and all(len(r["ranks"]) == 2 for r in rows), rows
+    assert rows[-1]["ranks"][1]["ooms"] == 2, rows[-1]
+    assert abs(done["loss"] - ref_out.training_loss) <= 1e-4 * abs(ref_out.training_loss)
+    _same(_params(model_ref), torch.load(tmp_path / "params.pt"))

@@ -24,7 +24,16 @@ import headroom  # noqa: E402
 import headroom.lightning  # noqa: E402
 from headroom import _torch  # noqa: E402
 
-from conftest import TinyGPT, Viewer, gpt_batches, kinds, records, spawn  # noqa: E402
+from conftest import (  # noqa: E402
+    TinyGPT,
+    Viewer,
+    finish,
+    gpt_batches,
+    kinds,
+    records,
+    spawn,
+    torchrun,
+)
 
 HERE = Path(__file__).resolve().parent
 REL = 1e-5
@@ -197,3 +206,25 @@ def test_fabric_users_get_their_own_backward_through_run_backward(tmp_path):
     assert fabric_loop(ref, False) == 3
     assert fabric_loop(model, True) == 9  # 5 + 5 + 2 per step, through fabric.backward
     _same(ref, model)
+
+
+def test_the_adaptive_module_under_torchrun_learns_what_one_process_with_the_global_batch_does(
+    tmp_path,
+):
+    """Two ranks of strategy="ddp" (gloo), each cutting its 8 samples of every global
+    batch of 16 into micro-batches, rank 1 running out of memory twice: rank 0's
+    parameters equal a single fixed-batch fit's on the global batches."""
+    job = torchrun(2, "lightning_ddp.py", "--out", str(tmp_path))
+    finish(job, timeout=300)
+    torch.manual_seed(0)
+    ref = FixedGPT()
+    trainer(tmp_path / "ref").fit(ref, loader(4, 16))
+    for r in range(2):
+        assert json.loads((tmp_path / f"done-rank{r}.json").read_text())["steps"] == 4
+        log = tmp_path / f"rank{r}.jsonl"
+        assert len(kinds(log, "oom")) == (2 if r == 1 else 0), kinds(log, "oom")
+    rows = kinds(tmp_path / "rank0.jsonl", "job_ranks")
+    assert len(rows) == 4 and all(len(r["ranks"]) == 2 for r in rows), rows
+    got = TinyAdaptive()
+    got.load_state_dict(torch.load(tmp_path / "params.pt"))
+    _same(ref, got)

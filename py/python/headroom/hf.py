@@ -183,10 +183,17 @@ class _Adaptive(Watch):
     Trainer's batches (ended by the patched ``training_step`` or at the Trainer's step
     end), and nothing is reported from a hook."""
 
+    trainer: transformers.Trainer | None = None
+
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         per_device = int(args.per_device_train_batch_size)
         total = int(state.max_steps or 0) * int(args.gradient_accumulation_steps)
         kw = {"effective_batch": per_device, "total_steps": total}
+        if args.world_size > 1:
+            # Under torchrun the run joins the job through the Trainer's DDP wrapper (made
+            # by now): every micro-batch under its no_sync, the gradients averaged once per
+            # batch after the ranks agree, so one rank's OOM never strands the others.
+            model = self.trainer.model_wrapped
         self.run = self._make_run(args, state, model, **kw)
 
     shares: bool | None = None  # whether the loss honours num_items_in_batch (probed once)
@@ -219,8 +226,12 @@ def adapt(trainer: transformers.Trainer, **run_kwargs: Any) -> transformers.Trai
     ``compute_loss``, loss normalisation and ``accelerator.backward``, per micro-batch).
     Kept: the Trainer's own gradient accumulation, mixed precision, clipping, optimizer
     and LR schedule, logging, evaluation, checkpoints and ``resume_from_checkpoint``.
-    Keyword arguments go to :class:`headroom.Run` (``micro_batch`` to start from,
-    ``memory_budget``, ``hard_limit``, ``log``, …). Returns the trainer.
+    Under ``torchrun`` with the Trainer's DDP, each rank cuts its own per-device batch
+    (a tighter rank cuts finer) and the gradients are averaged once per batch, after every
+    rank has finished its micro-batches, instead of inside the last backward; FSDP and
+    DeepSpeed are refused. Keyword arguments go to :class:`headroom.Run`
+    (``micro_batch`` to start from, ``memory_budget``, ``hard_limit``, ``log``, …).
+    Returns the trainer.
     """
     if getattr(trainer, "_headroom", None) is not None:
         raise RunError("headroom.hf.adapt(trainer) was already called on this trainer")
@@ -230,18 +241,13 @@ def adapt(trainer: transformers.Trainer, **run_kwargs: Any) -> transformers.Trai
             "per-device batch after an OOM; headroom recovers within the step instead. Set "
             "auto_find_batch_size=False"
         )
-    if trainer.args.world_size > 1:
-        raise RunError(
-            f"headroom.hf.adapt under {trainer.args.world_size} ranks: the Trainer's own DDP "
-            "wrapper and headroom's synchronised accumulation are not joined yet; watch each "
-            "rank with callbacks=[headroom.hf.Watch()] instead"
-        )
     if str(trainer.args.optim).lower().endswith("lomo"):
         raise RunError(
             "headroom.hf.adapt: the LOMO optimizers update the parameters inside backward, "
             "which cannot be split into micro-batches; use another optimizer"
         )
     cb = _Adaptive(**run_kwargs)
+    cb.trainer = trainer
     trainer.add_callback(cb)
     trainer._headroom = cb
     trainer.training_step = types.MethodType(_training_step, trainer)

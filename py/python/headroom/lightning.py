@@ -57,10 +57,10 @@ class Watch(pl.Callback):
         self.run: Run | None = None
         self._save_asked = False
 
-    def _make_run(self, trainer, pl_module, **extra) -> Run:
+    def _make_run(self, trainer, model, **extra) -> Run:
         total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else 0
         kw = {"total_steps": int(total), **extra, **self._run_kwargs}
-        return Run(self._name, model=pl_module, on_checkpoint=self._ask_checkpoint, **kw)
+        return Run(self._name, model=model, on_checkpoint=self._ask_checkpoint, **kw)
 
     def _ask_checkpoint(self, step: int) -> None:
         # Saved at the batch's end by the trainer itself (as ModelCheckpoint does), so
@@ -115,7 +115,10 @@ class Adaptive(Watch):
     module (``pl_module.headroom``), whose ``training_step`` steps it (an
     :class:`AdaptiveModule` does), and carries out the dashboard's commands Lightning's
     way as :class:`Watch` does. ``effective_batch`` defaults to the train loader's
-    ``batch_size``: each batch is one optimizer step, cut into micro-batches.
+    ``batch_size``: each batch is one optimizer step, cut into micro-batches. Under
+    ``torchrun`` with ``strategy="ddp"``, each rank cuts its own batch (a tighter rank
+    cuts finer) and the gradients are averaged once per batch, after every rank has
+    finished its micro-batches.
     """
 
     def __init__(self, name=None, dirpath=None, effective_batch: int | None = None, **run_kwargs):
@@ -129,19 +132,17 @@ class Adaptive(Watch):
                 "training_step calls run.backward and run.step): subclass "
                 "headroom.lightning.AdaptiveModule, or set self.automatic_optimization = False"
             )
-        if trainer.world_size > 1:
-            raise RunError(
-                f"headroom.lightning.Adaptive under {trainer.world_size} ranks: Lightning's DDP "
-                "strategy and headroom's synchronised accumulation are not joined yet; watch "
-                "each rank with headroom.lightning.Watch() instead"
-            )
         effective = self._effective or getattr(trainer.train_dataloader, "batch_size", None)
         if not effective:
             raise RunError(
                 "headroom.lightning.Adaptive(effective_batch=N): the train loader has no "
                 "batch_size to take the effective batch from"
             )
-        self.run = self._make_run(trainer, pl_module, effective_batch=int(effective))
+        # Under torchrun the run joins the job through the strategy's DDP wrapper: every
+        # micro-batch under its no_sync (so manual_backward arms no reducer), the gradients
+        # averaged once per batch after the ranks agree; FSDP and DeepSpeed are refused.
+        model = trainer.strategy.model if trainer.world_size > 1 else pl_module
+        self.run = self._make_run(trainer, model, effective_batch=int(effective))
         pl_module.headroom = self.run
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
