@@ -328,3 +328,10 @@ class Screen:
 
     def send(self, b: bytes) -> None:
         os.write(self.fd, b)
+
+    def redraw(self, cols: int, rows: int) -> None:
+        """Resizes the terminal, so the program draws every cell anew: a line that changed
+        in place (only its changed cells written) can then be read whole. What was read
+        before is dropped."""
+        fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        self.data = b""

@@ -278,6 +278,18 @@ def _paused_at(log: Path) -> str | None:
     return None
 
 
+def _shows(screen, text: str, timeout: float = 60) -> bool:
+    """Whether the screen comes to show `text`, redrawn whole each try (by a resize)."""
+    deadline = time.monotonic() + timeout
+    cols = 160
+    while time.monotonic() < deadline:
+        cols = 318 - cols  # 160, 158, 160, …: each a new size
+        screen.redraw(cols, 50)
+        if screen.wait_for(text, timeout=2):
+            return True
+    return False
+
+
 def test_attach_to_the_job_shows_a_row_per_rank_and_pauses_every_rank_at_one_step(
     tmp_path, runtime_dir
 ):
@@ -305,6 +317,10 @@ def test_attach_to_the_job_shows_a_row_per_rank_and_pauses_every_rank_at_one_ste
             assert screen.wait_for("attached to"), screen.data[-2000:]
             assert screen.wait_for("2 ranks"), screen.data[-3000:]
             assert screen.wait_for("panels show rank 0"), screen.data[-3000:]
+            # ] shows rank 1's panels (its own stream); [ goes back to rank 0's.
+            for key, rank in ((b"]", 1), (b"[", 0)):
+                screen.send(key)
+                assert _shows(screen, f"panels show rank {rank}"), screen.data[-3000:]
             screen.send(b"p")
             deadline = time.monotonic() + 60
             while not all(_paused_at(log) for log in logs):
