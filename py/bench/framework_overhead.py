@@ -10,7 +10,8 @@ measured is headroom's own work per step; all grow no further than the batch.
 Each round trains every contender for --steps steps in a fresh Trainer, in a rotating
 order; a step's time is the wall time between the framework's step-end hooks; the first
 --skip steps of each round are dropped (warm-up). Reported: the median step time per
-contender over all rounds, and its difference from the framework alone.
+contender over all rounds, and its difference from the framework alone; and headroom's
+own time per step measured inside the run (see `Own`), against the framework alone's step.
 
     HEADROOM_STAGE=/work/stage-bench ./dev bench-python py/bench/framework_overhead.py
 """
@@ -34,7 +35,60 @@ warnings.filterwarnings("ignore")
 from _gpt import make_hf_model, make_model, make_optimizer, token_batches  # noqa: E402
 
 
-def hf_contender(kind: str, batches, args) -> list[float]:
+class Own:
+    """headroom's own time, measured inside the run: the time in headroom's entry points
+    (its callbacks' hooks, the adaptive training_step) less the time they spend in the
+    framework's and the user's work they call (forward and loss, backward, the optimizer
+    step, the Trainer's input preparation). Kept on two clocks: wall time (what the step
+    waits, including any time the thread is descheduled on a busy machine) and the main
+    thread's CPU time (what headroom's code costs, which the machine's load does not
+    inflate). Sampled at each step's end, so warm-up steps can be dropped."""
+
+    CLOCKS = (time.perf_counter, time.thread_time)
+
+    def __init__(self):
+        self.outer = [0.0, 0.0]
+        self.inner = [0.0, 0.0]
+        self.depth = 0
+        self.marks: list[tuple[float, float]] = []
+
+    def _timed(self, fn, totals: list[float], only_inside: bool):
+        def timed(*a, **k):
+            if only_inside and not self.depth:
+                return fn(*a, **k)
+            self.depth += 1
+            t = [c() for c in self.CLOCKS]
+            try:
+                return fn(*a, **k)
+            finally:
+                self.depth -= 1
+                if only_inside or not self.depth:
+                    for i, c in enumerate(self.CLOCKS):
+                        totals[i] += c() - t[i]
+
+        return timed
+
+    def entry(self, fn):
+        return self._timed(fn, self.outer, only_inside=False)
+
+    def work(self, fn):
+        return self._timed(fn, self.inner, only_inside=True)
+
+    def hooks(self, callback) -> None:
+        """Times every per-step hook of a headroom callback (not the run's creation)."""
+        for name in dir(callback):
+            if name.startswith("on_") and name not in ("on_train_begin", "on_train_start"):
+                setattr(callback, name, self.entry(getattr(callback, name)))
+
+    def mark(self) -> None:
+        self.marks.append(tuple(o - i for o, i in zip(self.outer, self.inner)))
+
+    def per_step(self, skip: int) -> list[tuple[float, float]]:
+        pairs = zip(self.marks, self.marks[1:])
+        return [(b[0] - a[0], b[1] - a[1]) for a, b in pairs][skip - 1 :]
+
+
+def hf_contender(kind: str, batches, args, own: Own) -> list[float]:
     import transformers
 
     import headroom.hf
@@ -45,6 +99,7 @@ def hf_contender(kind: str, batches, args) -> list[float]:
     class Meter(transformers.TrainerCallback):
         def on_step_end(self, *a, **k):
             ends.append(time.perf_counter())
+            own.mark()
 
     class Data(torch.utils.data.Dataset):
         def __init__(self):
@@ -71,7 +126,11 @@ def hf_contender(kind: str, batches, args) -> list[float]:
     )
     callbacks = [Meter()]
     if kind == "watch":
-        callbacks.append(headroom.hf.Watch("overhead-hf"))
+        watch = headroom.hf.Watch("overhead-hf")
+        own.hooks(watch)
+        callbacks.append(watch)
+        # The loss tap's forward hook is bound when the run starts: time it from its class.
+        headroom.hf._LossTap._hook = own.entry(_LOSS_TAP_HOOK)
     trainer = transformers.Trainer(
         model=model,
         args=targs,
@@ -81,11 +140,17 @@ def hf_contender(kind: str, batches, args) -> list[float]:
     )
     if kind == "adapt":
         headroom.hf.adapt(trainer, name="overhead-hf", micro_batch=args.batch)
+        own.hooks(trainer._headroom)
+        trainer.training_step = own.entry(trainer.training_step)
+        for name in ("compute_loss", "_prepare_inputs"):
+            setattr(trainer, name, own.work(getattr(trainer, name)))
+        trainer.accelerator.backward = own.work(trainer.accelerator.backward)
     trainer.train()
+    headroom.hf._LossTap._hook = _LOSS_TAP_HOOK
     return [b - a for a, b in zip(ends, ends[1:])][args.skip - 1 :]
 
 
-def lightning_contender(kind: str, batches, args) -> list[float]:
+def lightning_contender(kind: str, batches, args, own: Own) -> list[float]:
     import lightning.pytorch as pl
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -98,6 +163,7 @@ def lightning_contender(kind: str, batches, args) -> list[float]:
     class Meter(pl.Callback):
         def on_train_batch_end(self, *a):
             ends.append(time.perf_counter())
+            own.mark()
 
     class Stock(pl.LightningModule):
         def __init__(self):
@@ -119,15 +185,22 @@ def lightning_contender(kind: str, batches, args) -> list[float]:
             return self.model.loss(batch)
 
         def configure_optimizers(self):
-            return make_optimizer(self.model)
+            opt = make_optimizer(self.model)
+            opt.step = own.work(opt.step)
+            return opt
 
     callbacks = [Meter()]
     module = Stock()
     if kind == "watch":
         callbacks.append(headroom.lightning.Watch("overhead-pl"))
+        own.hooks(callbacks[-1])
     elif kind == "adapt":
         module = Adaptive()
         callbacks.append(headroom.lightning.Adaptive("overhead-pl", micro_batch=args.batch))
+        own.hooks(callbacks[-1])
+        module.training_step = own.entry(module.training_step)
+        module.micro_batch_loss = own.work(module.micro_batch_loss)
+        module.manual_backward = own.work(module.manual_backward)
     xs = torch.cat([x for x, _ in batches])
     ys = torch.cat([y for _, y in batches])
     trainer = pl.Trainer(
@@ -145,7 +218,14 @@ def lightning_contender(kind: str, batches, args) -> list[float]:
     return [b - a for a, b in zip(ends, ends[1:])][args.skip - 1 :]
 
 
+_LOSS_TAP_HOOK = None
+
+
 def main() -> int:
+    global _LOSS_TAP_HOOK
+    import headroom.hf
+
+    _LOSS_TAP_HOOK = headroom.hf._LossTap._hook
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--steps", type=int, default=12)
@@ -167,15 +247,28 @@ def main() -> int:
     )
     for fw in args.frameworks.split(","):
         times: dict[str, list[float]] = {k: [] for k in kinds}
+        owns: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}
         for r in range(args.rounds):
             order = kinds[r % 3 :] + kinds[: r % 3]
             for k in order:
-                times[k] += runners[fw](k, batches, args)
+                own = Own()
+                times[k] += runners[fw](k, batches, args, own)
+                owns[k] += own.per_step(args.skip)
         base = statistics.median(times["alone"])
         print(f"\n{fw}: median step time over {len(times['alone'])} steps each")
+        print(
+            f"  {'':<6} {'step':>11}   {'vs alone':>8}   {'own, wall':>10}   {'of alone':>8}"
+            f"   {'own, CPU':>9}   {'of alone':>8}"
+        )
         for k in kinds:
             m = statistics.median(times[k])
-            print(f"  {k:<6} {m * 1e3:8.2f} ms   {(m - base) / base * 100:+6.2f}%")
+            wall = statistics.median(w for w, _ in owns[k]) if k != "alone" else 0.0
+            cpu = statistics.median(c for _, c in owns[k]) if k != "alone" else 0.0
+            print(
+                f"  {k:<6} {m * 1e3:8.2f} ms   {(m - base) / base * 100:+7.2f}%   "
+                f"{wall * 1e3:7.3f} ms   {wall / base * 100:7.3f}%   "
+                f"{cpu * 1e3:6.3f} ms   {cpu / base * 100:7.3f}%"
+            )
     return 0
 
 
