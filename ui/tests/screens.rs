@@ -513,7 +513,7 @@ fn tall_cpu_screen_shows_the_heap() {
         "live 350 MiB of 480 MiB anonymous resident (72.9%)",
         "resident (RSS) 500 MiB · anonymous 480 MiB",
         "held apart 130 MiB = 27.1% of anonymous",
-        "free in malloc's arenas 60.0 MiB",
+        "freed, kept by malloc 60.0 MiB (a trim returns its pages)",
         // The count rose at step 40's sample: the screen dates the trim.
         "last trim after step 40 freed 48.0 MiB · 2 trims",
         "most held apart 130 MiB (after step 50)",

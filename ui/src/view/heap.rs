@@ -107,9 +107,9 @@ fn lines(
         )),
         Line::from(first_fitting(
             &[
-                format!("free in malloc's arenas {free} (kept for reuse)"),
-                format!("free in the arenas {free}"),
-                format!("arena free {free}"),
+                format!("freed, kept by malloc {free} (a trim returns its pages)"),
+                format!("freed, kept by malloc {free}"),
+                format!("kept free {free}"),
             ],
             cols,
         )),
