@@ -274,8 +274,8 @@ pub struct HeapStats {
     /// Free bytes inside malloc's arenas (`fordblks`), kept for reuse; some of them no
     /// longer resident after a trim.
     pub free_kept: u64,
-    /// Heap trims (`malloc_trim`) this process made so far: before a smaller step, after
-    /// an out-of-memory error, on `f`.
+    /// Heap trims (`malloc_trim`) this process made so far: before a smaller step, when
+    /// the controller frees cached memory, on `f` (a Python loop: after an OOM too).
     pub trims: u64,
     /// What the last trim returned to the kernel: the resident set before it minus after
     /// it (absent before the first trim).
