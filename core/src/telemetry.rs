@@ -198,6 +198,10 @@ pub struct SystemSample {
     pub gpu: Option<GpuStats>,
     /// Present when the run is on an accelerator with a caching allocator.
     pub allocator: Option<AllocatorStats>,
+    /// The process's heap, on a CPU run whose allocator is glibc's malloc (absent on CUDA,
+    /// under another malloc, and in logs from before this field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heap: Option<HeapStats>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -254,6 +258,40 @@ impl AllocatorStats {
     /// Share of reserved memory not handed to tensors right now.
     pub fn unused_reserved(&self) -> f64 {
         1.0 - ratio(self.allocated, self.reserved)
+    }
+}
+
+/// A CPU run's heap: what the resident set holds against what is live in it. On the CPU
+/// the step's peak resident set is what the controller and a soft budget measure, so
+/// freed pages glibc keeps count as use until a trim returns them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HeapStats {
+    /// Anonymous resident memory (`RssAnon`): the heap, mmapped tensors, thread stacks.
+    pub rss_anon: u64,
+    /// Bytes in live malloc allocations (`mallinfo2`: `uordblks + hblkhd`): every CPU
+    /// tensor and everything else malloc handed out.
+    pub in_use: u64,
+    /// Free bytes inside malloc's arenas (`fordblks`), kept for reuse; some of them no
+    /// longer resident after a trim.
+    pub free_kept: u64,
+    /// Heap trims (`malloc_trim`) this process made so far: before a smaller step, when
+    /// the controller frees cached memory, on `f` (a Python loop: after an OOM too).
+    pub trims: u64,
+    /// What the last trim returned to the kernel: the resident set before it minus after
+    /// it (absent before the first trim).
+    pub last_trim_freed: Option<u64>,
+}
+
+impl HeapStats {
+    /// Anonymous resident memory outside live allocations: freed heap pages glibc keeps
+    /// (and stacks, other mappings). A soft budget counts it as use.
+    pub fn held_apart(&self) -> u64 {
+        self.rss_anon.saturating_sub(self.in_use)
+    }
+
+    /// [`HeapStats::held_apart`] as a share of the anonymous resident set.
+    pub fn fragmentation(&self) -> f64 {
+        ratio(self.held_apart(), self.rss_anon)
     }
 }
 
@@ -491,6 +529,36 @@ mod tests {
         assert!((s.fragmentation() - 0.25).abs() < 1e-12);
         assert!((s.unused_reserved() - 0.4).abs() < 1e-12);
         assert_eq!(AllocatorStats::default().fragmentation(), 0.0);
+    }
+
+    #[test]
+    fn heap_held_apart_is_anonymous_rss_beyond_live_allocations() {
+        let h = HeapStats {
+            rss_anon: 1000,
+            in_use: 750,
+            ..Default::default()
+        };
+        assert_eq!(h.held_apart(), 250);
+        assert!((h.fragmentation() - 0.25).abs() < 1e-12);
+        // More in use than resident (allocated, never touched): nothing is held apart.
+        let untouched = HeapStats {
+            rss_anon: 100,
+            in_use: 400,
+            ..Default::default()
+        };
+        assert_eq!(untouched.held_apart(), 0);
+    }
+
+    /// A sample from a log written before the heap field replays with the heap absent.
+    #[test]
+    fn an_old_sample_without_heap_reads_as_absent() {
+        let line = r#"{"kind":"sample","host":{"cpu_percent":1.0,"mem_used":1,"mem_total":2,"process_rss":3},"gpu":null,"allocator":null}"#;
+        let Telemetry::Sample(s) = serde_json::from_str(line).unwrap() else {
+            panic!("not a sample")
+        };
+        assert_eq!(s.heap, None);
+        let json = serde_json::to_value(Telemetry::Sample(s)).unwrap();
+        assert!(json.get("heap").is_none(), "absent, not null: {json}");
     }
 }
 

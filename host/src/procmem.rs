@@ -3,6 +3,9 @@
 //! no libtorch: the built-in trainer and a Python run measure a CPU step the same way.
 use std::fs;
 use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use headroom_core::HeapStats;
 
 /// A `kB` line of /proc/self/status (`VmHWM:`, `VmRSS:`, `VmData:`).
 pub fn status_kib(key: &str) -> Option<u64> {
@@ -57,11 +60,47 @@ pub fn current_cpu_limit(configured: u64) -> u64 {
     }
 }
 
+/// Heap trims made so far, and the bytes the last one freed (`u64::MAX`: none yet).
+/// Process-wide, as the heap is: the trainer (or a Python loop) trims, the sampler reads.
+static TRIMS: AtomicU64 = AtomicU64::new(0);
+static LAST_TRIM_FREED: AtomicU64 = AtomicU64::new(u64::MAX);
+
 /// Returns glibc's free heap pages to the kernel (`malloc_trim`): they otherwise keep the
-/// resident set (and a hard cap's count) at the old peak after a smaller step.
-pub fn trim_heap() {
+/// resident set (and a hard cap's count) at the old peak after a smaller step. Returns
+/// what it freed (the resident set before minus after), which the heap figures report.
+pub fn trim_heap() -> Option<u64> {
+    let before = rss_bytes();
     // SAFETY: malloc_trim only walks glibc's own heap; any argument is valid.
     unsafe { libc::malloc_trim(0) };
+    // Another thread may allocate meanwhile: a trim that "freed" less than nothing freed 0.
+    let freed = before.zip(rss_bytes()).map(|(b, a)| b.saturating_sub(a));
+    TRIMS.fetch_add(1, Ordering::Relaxed);
+    if let Some(f) = freed {
+        LAST_TRIM_FREED.store(f, Ordering::Relaxed);
+    }
+    freed
+}
+
+/// The heap as glibc and the kernel count it; `None` when malloc is not glibc's (another
+/// allocator preloaded: `mallinfo2` then reports nothing) or /proc cannot be read.
+pub fn heap_stats() -> Option<HeapStats> {
+    let rss_anon = status_kib("RssAnon:")? * 1024;
+    // SAFETY: mallinfo2 only reads glibc's arenas (under their locks) into a plain struct.
+    let m = unsafe { libc::mallinfo2() };
+    let in_use = (m.uordblks + m.hblkhd) as u64;
+    if in_use == 0 && m.arena == 0 {
+        return None;
+    }
+    Some(HeapStats {
+        rss_anon,
+        in_use,
+        free_kept: m.fordblks as u64,
+        trims: TRIMS.load(Ordering::Relaxed),
+        last_trim_freed: match LAST_TRIM_FREED.load(Ordering::Relaxed) {
+            u64::MAX => None,
+            f => Some(f),
+        },
+    })
 }
 
 /// Under a hard cap, allocations from this size up are mmapped (see [`set_hard_limit`]).
@@ -128,8 +167,40 @@ mod tests {
         assert!(host_total_bytes().unwrap() > 1 << 28);
     }
 
+    /// The process's memory is shared by the tests running beside each other: the ones
+    /// that measure it take turns.
+    static MEASURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// The heap figures see a live allocation as in use, and a trim says what it freed.
+    #[test]
+    fn heap_figures_follow_live_allocations_and_trims() {
+        let _turn = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
+        let before = heap_stats().expect("glibc malloc on this machine");
+        assert!(before.rss_anon > 0 && before.in_use > 0);
+        // 64 MiB, touched: in use while it lives.
+        let v = vec![1u8; 64 << 20];
+        let during = heap_stats().unwrap();
+        assert!(std::hint::black_box(&v)[v.len() - 1] == 1);
+        assert!(
+            during.in_use >= before.in_use + (60 << 20),
+            "in use {} vs {} before",
+            during.in_use,
+            before.in_use
+        );
+        drop(v);
+        // Many small blocks in the main heap, freed: pages a trim can return.
+        let blocks: Vec<Vec<u8>> = (0..4096).map(|_| vec![1u8; 16 << 10]).collect();
+        drop(blocks);
+        let freed = trim_heap();
+        let after = heap_stats().unwrap();
+        assert_eq!(after.trims, during.trims + 1);
+        assert_eq!(after.last_trim_freed, freed);
+        assert!(freed.is_some());
+    }
+
     #[test]
     fn the_peak_sees_a_transient_allocation_and_resets() {
+        let _turn = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
         reset_peak_rss().unwrap();
         let before = peak_rss_bytes().unwrap();
         {

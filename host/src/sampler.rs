@@ -1,5 +1,5 @@
-//! The sampler thread: host, NVML and allocator figures at a fixed rate, off the
-//! trainer's hot path. Every source that is missing becomes one notice, then silence.
+//! The sampler thread: host, NVML, allocator (or, on the CPU, heap) figures at a fixed
+//! rate, off the trainer's hot path. Every source that is missing becomes one notice, then silence.
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -144,6 +144,11 @@ impl Sources {
             host: self.host(),
             gpu: self.gpu(bus),
             allocator: self.allocator(bus),
+            // On the CPU the heap is the allocator: glibc's malloc under libtorch.
+            heap: match self.cuda {
+                None => crate::procmem::heap_stats(),
+                Some(_) => None,
+            },
         }
     }
 

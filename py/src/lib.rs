@@ -27,9 +27,10 @@ fn rss() -> Option<u64> {
     headroom_host::procmem::rss_bytes()
 }
 
-/// Returns glibc's free heap pages to the kernel (the CPU's "free the cache").
+/// Returns glibc's free heap pages to the kernel (the CPU's "free the cache"); the bytes
+/// it freed (None when /proc could not say). The sampler's heap figures report it too.
 #[pyfunction]
-fn trim_heap() {
+fn trim_heap() -> Option<u64> {
     headroom_host::procmem::trim_heap()
 }
 

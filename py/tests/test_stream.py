@@ -83,10 +83,16 @@ def test_commands_from_a_viewer_reach_the_loop_and_are_confirmed(tmp_path):
         v.command("resume")
         v.until(lambda r: r["kind"] == "status" and r["status"] == "running")
         gap["paused_s"] = time.monotonic() - t0
+        # A CPU run's samples carry the heap (issue 21): `f` trims it, and the count says so.
+        heap = v.until(lambda r: r["kind"] == "sample" and r.get("heap"))["heap"]
+        answers["heap_before"] = heap
         v.command("free_cache")
         answers["free"] = v.until(
             lambda r: r["kind"] == "command_applied" and r["command"]["command"] == "free_cache"
         )
+        answers["heap_after"] = v.until(
+            lambda r: r["kind"] == "sample" and r["heap"]["trims"] > heap["trims"]
+        )["heap"]
         v.command("stop")
         answers["stop"] = v.until(lambda r: r["kind"] == "status" and r["status"] == "stopping")
 
@@ -115,6 +121,9 @@ def test_commands_from_a_viewer_reach_the_loop_and_are_confirmed(tmp_path):
     assert run.thresholds == (0.8, 0.85, 0.9, 0.95)
     assert "pinned at 2" in answers["pin"]["applied"] and micro[-1] == 2
     assert "cached memory freed" in answers["free"]["applied"]
+    before, after = answers["heap_before"], answers["heap_after"]
+    assert before["in_use"] > 0 and before["rss_anon"] > 0, before
+    assert after["last_trim_freed"] is not None, after
     # The loop held still while paused: one gap between steps as long as the pause.
     longest = max(b - a for a, b in zip(step_times, step_times[1:]))
     assert longest >= 0.9 * gap["paused_s"], (longest, gap)

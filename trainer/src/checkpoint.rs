@@ -24,6 +24,7 @@ use headroom_core::RunConfig;
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
+use crate::journal::ControllerJournal;
 use crate::model::Gpt;
 use crate::optim::AdamW;
 
@@ -68,6 +69,11 @@ pub struct CheckpointState {
     /// it and a changed corpus is noticed (absent in older checkpoints).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub corpus: Option<CorpusRecord>,
+    /// How the memory controller was built and every call that changed it, so a resume
+    /// continues with the state the uninterrupted run's controller had (absent in older
+    /// checkpoints, which resume with a fresh controller at `micro_batch`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controller: Option<ControllerJournal>,
 }
 
 /// The corpus a run trains on, as a checkpoint remembers it.
@@ -98,11 +104,17 @@ impl CheckpointState {
             micro_batch: Some(micro_batch),
             checksums: BTreeMap::new(),
             corpus: None,
+            controller: None,
         }
     }
 
     pub fn with_corpus(mut self, corpus: Option<CorpusRecord>) -> Self {
         self.corpus = corpus;
+        self
+    }
+
+    pub fn with_controller(mut self, journal: Option<ControllerJournal>) -> Self {
+        self.controller = journal;
         self
     }
 }

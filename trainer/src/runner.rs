@@ -16,8 +16,8 @@ use std::collections::BTreeSet;
 
 use crossbeam_channel::{bounded, Receiver, TryRecvError};
 use headroom_core::policy::{
-    Controller, ControllerConfig, Decision, Profile, StepObservation, Thresholds, Upcoming,
-    ALLOCATOR_NOISE, RSS_NOISE,
+    ControllerConfig, Decision, Profile, StepObservation, Thresholds, Upcoming, ALLOCATOR_NOISE,
+    RSS_NOISE,
 };
 use headroom_core::units::fmt_bytes;
 use headroom_core::{
@@ -30,6 +30,7 @@ use tch::{Device, TchError};
 use crate::checkpoint::{self, CheckpointError, CheckpointState, CorpusRecord};
 use crate::data::{DataError, Dataset};
 use crate::device::{self, DeviceError};
+use crate::journal::{Call, ControllerJournal, Journaled};
 use crate::model::Gpt;
 use crate::oom;
 use crate::optim::{AdamW, AdamWConfig};
@@ -557,8 +558,8 @@ struct Trainer {
     /// The fixed validation windows (see [`Dataset::val_offsets`]).
     val_offsets: Vec<usize>,
     /// Decides the micro-batch (sequences per forward/backward) between steps; what a
-    /// step trains on does not depend on it.
-    controller: Controller,
+    /// step trains on does not depend on it. Its calls are journaled for the checkpoint.
+    controller: Journaled,
     meter: PeakMeter,
     /// Steps whose first attempt is made to run out of memory; each fires once.
     inject_oom: BTreeSet<u64>,
@@ -709,8 +710,24 @@ impl Trainer {
             .start_micro_batch
             .or_else(|| resumed.as_ref().and_then(|ck| ck.state.micro_batch))
             .unwrap_or(cfg.batch.micro_batch);
+        // A resume at the saved micro-batch continues the controller the run had (its
+        // journal replayed); one at another (--batch-size) starts a fresh one there.
+        let journal = match opts.start_micro_batch {
+            None => resumed.as_ref().and_then(|ck| ck.state.controller.as_ref()),
+            Some(_) => None,
+        };
         let (controller, meter, mut startup_notices) =
-            Self::memory_policy(&cfg, device, start_micro)?;
+            Self::memory_policy(&cfg, device, start_micro, journal)?;
+        // The tokens of the last step before the checkpoint, as an uninterrupted run
+        // would remember them (see `follow_smaller_step`).
+        let last_tokens = journal
+            .and_then(|j| {
+                j.calls.iter().rev().find_map(|c| match c {
+                    Call::Observe(_, mb, seq, _) => Some(mb * seq),
+                    _ => None,
+                })
+            })
+            .unwrap_or(0);
         startup_notices.extend(notices);
         let threads = match tch::get_num_threads() {
             1 => "1 intra-op thread".to_string(),
@@ -756,7 +773,7 @@ impl Trainer {
             losses_since_eval: (0.0, 0),
             stopped_by_user: false,
             memory: MemorySummary::default(),
-            last_tokens: 0,
+            last_tokens,
             stop: opts.stop,
             pending: Default::default(),
         })
@@ -765,17 +782,31 @@ impl Trainer {
     /// The controller and the meter it reads. Called once the model and optimizer exist,
     /// so a hard cap's baseline includes them.
     /// Its notices are sent once the run has started, after `RunStarted`.
+    /// `journal`: a resumed run's controller journal, replayed instead of a fresh start.
     fn memory_policy(
         cfg: &RunConfig,
         device: Device,
         start_micro: usize,
-    ) -> Result<(Controller, PeakMeter, Vec<Notice>), TrainError> {
+        journal: Option<&ControllerJournal>,
+    ) -> Result<(Journaled, PeakMeter, Vec<Notice>), TrainError> {
         let mut notices = Vec::new();
         let mem = &cfg.memory;
         let config = |e: headroom_core::ConfigError| TrainError::Config(e.to_string());
         let thresholds = mem.thresholds().map_err(config)?;
         let mut budget = mem.budget_bytes().map_err(config)?;
-        if mem.is_auto_budget() && device == Device::Cpu {
+        if let (true, Device::Cpu, Some(j)) = (mem.is_auto_budget(), device, journal) {
+            // The budget the run resolved at its start, not one from this process's
+            // memory now: the uninterrupted run would go on measuring against it.
+            budget = Some(j.limit);
+            notices.push(Notice::new(
+                Level::Info,
+                "memory",
+                format!(
+                    "memory budget auto: {}, as the run resumed from resolved it",
+                    fmt_bytes(j.limit)
+                ),
+            ));
+        } else if mem.is_auto_budget() && device == Device::Cpu {
             let held = procmem::rss_bytes();
             let available = procmem::host_available_bytes();
             if let (Some(held), Some(available)) = (held, available) {
@@ -879,7 +910,30 @@ impl Trainer {
             },
             ..ControllerConfig::default()
         };
-        let mut controller = Controller::new(ccfg, thresholds, meter.limit(), start_micro);
+        if let Some(j) = journal {
+            // Its baseline and every reading since are in the journal.
+            let mut controller = Journaled::replay(ccfg, j);
+            notices.push(Notice::new(
+                Level::Info,
+                "memory",
+                format!(
+                    "controller state restored from the checkpoint ({} calls replayed): \
+                     micro-batch {}, as the uninterrupted run had it",
+                    j.calls.len(),
+                    controller.micro_batch()
+                ),
+            ));
+            // Thresholds the config changes for the resume win over the saved ones.
+            if thresholds != j.thresholds && controller.set_thresholds(thresholds).is_err() {
+                notices.push(Notice::new(
+                    Level::Warn,
+                    "memory",
+                    format!("thresholds {thresholds} refused; the saved ones stay"),
+                ));
+            }
+            return Ok((controller, meter, notices));
+        }
+        let mut controller = Journaled::new(ccfg, thresholds, meter.limit(), start_micro);
         // The model and the optimizer state exist: what the process holds now is the fixed
         // part every batch sits on, which one measured size alone cannot tell apart from
         // the per-sequence cost (a run starting at 1 never grew without it).
@@ -1307,7 +1361,8 @@ impl Trainer {
                     &self.model,
                     self.controller.micro_batch(),
                 )
-                .with_corpus(Some(self.corpus.clone()));
+                .with_corpus(Some(self.corpus.clone()))
+                .with_controller(Some(self.controller.journal().clone()));
                 let save =
                     || checkpoint::save(&self.checkpoint_dir, &self.model, &self.opt, &state);
                 let path = match save() {

@@ -55,6 +55,7 @@ fn full_app() -> App {
                 inactive_split: 3 << 30,
                 ..Default::default()
             }),
+            heap: None,
         }));
         let limit = 80u64 << 30;
         let peak = (60u64 << 30) + (n % 1000) * (10 << 20);

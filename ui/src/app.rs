@@ -10,6 +10,7 @@ use headroom_core::{
 
 use crate::editor::{next_profile, EditStatus, ThresholdEditor};
 use crate::feed::{Link, ReplayControl};
+use crate::heap::HeapState;
 use crate::history::{History, Merge};
 use crate::job::{rank_of_name, JobView};
 use crate::keys::{dashboard_context, Action, KeyContext};
@@ -175,6 +176,8 @@ pub struct App {
     pub sample: Option<SystemSample>,
     /// The allocator's latest segment map (CUDA runs).
     pub segments: Option<SegmentMap>,
+    /// The heap's figures (CPU runs).
+    pub heap: HeapState,
     pub summary: Option<RunSummary>,
     /// Training loss by step.
     pub loss: History,
@@ -224,6 +227,7 @@ impl App {
             last_eval: None,
             sample: None,
             segments: None,
+            heap: HeapState::default(),
             summary: None,
             loss: History::new(HISTORY_POINTS, Merge::Mean),
             val_loss: History::new(HISTORY_POINTS, Merge::Mean),
@@ -418,6 +422,7 @@ impl App {
                 self.last_eval = Some(e.clone());
             }
             Telemetry::Sample(s) => {
+                self.heap.observe(s.heap.as_ref(), self.step());
                 self.sample = Some(s.clone());
                 if let Some(m) = self.memory_now() {
                     self.memory.push(t, m.used as f64);

@@ -4,6 +4,7 @@ mod editor;
 mod events;
 mod footer;
 mod gauge;
+mod heap;
 mod ranks;
 mod text;
 mod training;
@@ -74,7 +75,12 @@ pub fn render(frame: &mut Frame, app: &App) {
                 let [alloc, host] =
                     Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)])
                         .areas(details);
-                render_allocator(frame, app, alloc);
+                // On the CPU glibc's heap is the allocator: its panel takes the place.
+                if on_cpu(app) {
+                    heap::render(frame, app, alloc);
+                } else {
+                    render_allocator(frame, app, alloc);
+                }
                 render_host(frame, app, host);
             }
         }
@@ -450,7 +456,16 @@ fn memory_lines(app: &App, m: &StepMemory, cols: usize) -> Vec<(u8, Line<'static
     lines
 }
 
-/// The sampler's view: allocator figures on CUDA, the process and host on the CPU.
+/// Whether the run is on the CPU: said by the run's start, else by a sample that carries
+/// heap figures (a view that joined before the start record).
+fn on_cpu(app: &App) -> bool {
+    match &app.info {
+        Some(info) => info.device == "cpu",
+        None => app.sample.as_ref().is_some_and(|s| s.heap.is_some()),
+    }
+}
+
+/// The sampler's view: allocator figures on CUDA, the process, host and heap on the CPU.
 fn sample_lines(app: &App, cols: usize) -> Vec<(u8, Line<'static>)> {
     let Some(sample) = app.sample.as_ref() else {
         return Vec::new();
@@ -493,19 +508,19 @@ fn sample_lines(app: &App, cols: usize) -> Vec<(u8, Line<'static>)> {
                 format!("process RSS {rss} · host {used} / {total}"),
                 format!("RSS {rss} · host {used} / {total}"),
             ];
-            vec![
-                (2, Line::from(first_fitting(&host, cols))),
-                (
-                    4,
-                    Line::styled(
-                        ellipsize(
-                            "allocator stats are CUDA-only: this run is on the CPU",
-                            cols,
-                        ),
-                        fg(app, Color::DarkGray),
-                    ),
-                ),
-            ]
+            let mut lines = vec![(2, Line::from(first_fitting(&host, cols)))];
+            // The heap panel's essentials, for terminals too short to show the panel.
+            if let Some(heap) = &sample.heap {
+                let (live, held) = (fmt_bytes(heap.in_use), fmt_bytes(heap.held_apart()));
+                let frag = heap.fragmentation() * 100.0;
+                let texts = [
+                    format!("heap: live {live} · held apart {held} ({frag:.1}% of anon RSS)"),
+                    format!("heap live {live} · held apart {held} ({frag:.1}%)"),
+                    format!("live {live} · held apart {held}"),
+                ];
+                lines.push((4, Line::from(first_fitting(&texts, cols))));
+            }
+            lines
         }
     }
 }
@@ -515,11 +530,10 @@ fn render_allocator(frame: &mut Frame, app: &App, area: Rect) {
     let sample = app.sample.as_ref();
     let Some(a) = sample.and_then(|s| s.allocator.as_ref()) else {
         let lines = vec![
-            Line::from("No allocator figures: this run is on the CPU."),
+            Line::from("No allocator figures in the latest sample."),
             Line::styled(
-                "The resident set (host panel) is what the gauge and the policy \
-                 watch. When a step shrinks, headroom hands the heap's free pages back \
-                 to the OS first, so it follows live tensors; f does that now.",
+                "The event log says why (the statistics failed, or the producer does \
+                 not send them).",
                 fg(app, Color::DarkGray),
             ),
         ];

@@ -112,6 +112,7 @@ fn attached_job(rank: u32, rows: JobRanks) -> App {
                 },
                 gpu: None,
                 allocator: None,
+                heap: None,
             }));
         }
     }

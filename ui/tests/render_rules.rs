@@ -69,6 +69,7 @@ fn busy_app(color: bool) -> App {
                 num_ooms: 1,
                 ..Default::default()
             }),
+            heap: None,
         }));
     }
     policy_telemetry(&mut app);
@@ -246,6 +247,7 @@ fn the_memory_panel_keeps_its_detail_lines_at_the_minimum_size() {
         },
         gpu: None,
         allocator: None,
+        heap: None,
     }));
     cpu.apply(&Telemetry::ThresholdsChanged {
         thresholds: Thresholds::default(),
@@ -260,7 +262,6 @@ fn the_memory_panel_keeps_its_detail_lines_at_the_minimum_size() {
         "thresholds 0.90,0.92,0.95,0.97 (balanced)",
         "process RSS 300 MiB",
         "host 1.00 GiB / 16.0 GiB",
-        "CUDA-only",
     ] {
         assert!(cpu.contains(needed), "{needed:?} missing at 80x24");
     }
