@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::command::Command;
 use crate::config::RunConfig;
+use crate::hints::{Hint, MemoryParts};
 use crate::policy::{Decision, Profile, Thresholds};
 use crate::segments::SegmentMap;
 
@@ -79,6 +80,10 @@ pub enum Telemetry {
     /// A torchrun job's ranks, as rank 0 gathered them over the process group at `step`
     /// (sent by rank 0 only; one row per rank, in rank order).
     JobRanks(JobRanks),
+    /// A live hint raised or cleared (core/src/hints.rs), computed from the records above.
+    Hint(Hint),
+    /// What the step's fixed memory is made of, as the producer counted it (once a run).
+    MemoryParts(MemoryParts),
 }
 
 impl Telemetry {
@@ -114,6 +119,8 @@ impl Telemetry {
             Telemetry::Finished(_) => "finished",
             Telemetry::Failed { .. } => "failed",
             Telemetry::JobRanks(_) => "job_ranks",
+            Telemetry::Hint(_) => "hint",
+            Telemetry::MemoryParts(_) => "memory_parts",
         }
     }
 }
@@ -517,6 +524,8 @@ mod schema_doc {
             "finished",
             "failed",
             "job_ranks",
+            "hint",
+            "memory_parts",
         ] {
             assert!(doc.contains(&format!("| `{kind}` |")), "{kind} missing");
         }

@@ -222,6 +222,7 @@ class Run:
             self._signal_boundaries = 0
             self._stop_checkpointed = False
             self._optimizer_said = False
+            self._parts_said = False
             self._saved_handlers: dict = {}
             self._in_poll = False
             self._pending_signals: list[int] = []
@@ -653,6 +654,11 @@ class Run:
                 self._job_fail(step, e)
             raise
         skipped = _scaler_update(scaler, optimizer)
+        if not self._parts_said and not skipped:
+            # Once, while the gradients and the optimizer's state both exist: what the
+            # fixed part of a step is made of (the optimizer-state hint reads it).
+            self._parts_said = True
+            self._native.memory_parts(*_torch.memory_parts(self._model, optimizer))
         if zero_grad:
             optimizer.zero_grad(set_to_none=True)
         self._accumulated = None

@@ -134,6 +134,27 @@ class PeakMeter:
         return _native.rss() or 0
 
 
+def memory_parts(model: Any, optimizer: Any) -> tuple[int, int, int]:
+    """Bytes of the model's parameters, their gradients (as they stand: call before
+    zero_grad) and the optimizer's state tensors, each tensor counted once."""
+    seen: set[int] = set()
+
+    def size(tensors) -> int:
+        total = 0
+        for t in tensors:
+            if not isinstance(t, torch.Tensor) or t.data_ptr() in seen or t.numel() == 0:
+                continue
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+        return total
+
+    params = list(model.parameters()) if model is not None else []
+    p = size(params)
+    g = size(q.grad for q in params if q.grad is not None)
+    o = size(v for state in optimizer.state.values() for v in state.values())
+    return p, g, o
+
+
 def free_memory(d: torch.device) -> None:
     """Drops what a failed attempt left (its frames are gone once the exception is), and
     returns cached memory: the CUDA cache, or glibc's free heap pages."""
