@@ -233,11 +233,14 @@ impl HintEngine {
             .as_ref()
             .is_some_and(|l| l.micro_batch == m.micro_batch && l.seq_len == m.seq_len);
         if !same {
+            // The first step at a new shape warms up (new buffer sizes, the optimizer's
+            // state on step 1): the window starts after it.
             self.same_shape.clear();
-        }
-        self.same_shape.push_back(m.peak_bytes);
-        if self.same_shape.len() > LEAK_WINDOW {
-            self.same_shape.pop_front();
+        } else {
+            self.same_shape.push_back(m.peak_bytes);
+            if self.same_shape.len() > LEAK_WINDOW {
+                self.same_shape.pop_front();
+            }
         }
         self.by_size
             .insert((m.seq_len, m.micro_batch), m.peak_bytes);
@@ -258,8 +261,12 @@ impl HintEngine {
         let peaks: Vec<f64> = self.same_shape.iter().map(|&p| p as f64).collect();
         let slope = slope(&peaks);
         let min = LEAK_MIN_BYTES.max(LEAK_MIN_SHARE * m.peak_bytes as f64);
-        let rising = peaks.windows(2).filter(|w| w[1] > w[0]).count();
-        // Every step higher than the one before: a batch's noise goes both ways.
+        // Every step at least half the rate higher than the one before: noise goes both
+        // ways, and a warm-up's rises shrink step by step.
+        let rising = peaks
+            .windows(2)
+            .filter(|w| w[1] - w[0] >= min / 2.0)
+            .count();
         let raise = slope >= min && rising == peaks.len() - 1;
         let clear = slope < min / 2.0;
         let (mb, len, n) = (m.micro_batch, m.seq_len, peaks.len());
@@ -661,6 +668,21 @@ mod tests {
         let got = feed(
             &mut e,
             (0..8).map(|i| mem(20 + i, 8 + i as usize, 500 * MB + i * 40 * MB)),
+        );
+        assert!(got.iter().all(|h| h.hint != HintKind::Leak), "{got:?}");
+    }
+
+    #[test]
+    fn a_warm_up_whose_rises_shrink_is_no_leak() {
+        let mut e = HintEngine::new();
+        // +16, +8, +4, +2, +1, +0.5 MiB: a cache filling, then settled.
+        let mut peak = 400 * MB;
+        let got = feed(
+            &mut e,
+            (1..=8).map(|s| {
+                peak += (32 * MB) >> s;
+                mem(s, 8, peak)
+            }),
         );
         assert!(got.iter().all(|h| h.hint != HintKind::Leak), "{got:?}");
     }
