@@ -84,6 +84,9 @@ pub enum Telemetry {
     Hint(Hint),
     /// What the step's fixed memory is made of, as the producer counted it (once a run).
     MemoryParts(MemoryParts),
+    /// Every optimizer step of a run given a plan (`headroom.plan`): the plan's
+    /// prediction beside the step's measured peak.
+    PlanCheck(PlanCheck),
 }
 
 impl Telemetry {
@@ -97,6 +100,7 @@ impl Telemetry {
                 | Telemetry::Sample(_)
                 | Telemetry::Segments(_)
                 | Telemetry::JobRanks(_)
+                | Telemetry::PlanCheck(_)
         )
     }
 
@@ -121,6 +125,7 @@ impl Telemetry {
             Telemetry::JobRanks(_) => "job_ranks",
             Telemetry::Hint(_) => "hint",
             Telemetry::MemoryParts(_) => "memory_parts",
+            Telemetry::PlanCheck(_) => "plan_check",
         }
     }
 }
@@ -186,6 +191,16 @@ pub struct StepMemory {
     pub configured_limit_bytes: u64,
     /// peak / limit.
     pub usage: f64,
+}
+
+/// A plan's prediction for a step against what the step measured (bytes).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanCheck {
+    pub step: u64,
+    pub micro_batch: usize,
+    pub planned_bytes: u64,
+    /// The same peak as the step's `step_memory` record.
+    pub peak_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -526,6 +541,7 @@ mod schema_doc {
             "job_ranks",
             "hint",
             "memory_parts",
+            "plan_check",
         ] {
             assert!(doc.contains(&format!("| `{kind}` |")), "{kind} missing");
         }

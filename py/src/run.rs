@@ -758,6 +758,24 @@ impl NativeRun {
         Ok(())
     }
 
+    /// A plan's prediction for a completed step beside its measured peak.
+    fn plan_check(
+        &self,
+        step: u64,
+        micro_batch: usize,
+        planned_bytes: u64,
+        peak_bytes: u64,
+    ) -> PyResult<()> {
+        self.bus()?;
+        self.send(Telemetry::PlanCheck(headroom_core::PlanCheck {
+            step,
+            micro_batch,
+            planned_bytes,
+            peak_bytes,
+        }));
+        Ok(())
+    }
+
     /// A validation result.
     fn eval(&mut self, step: u64, val_loss: f64, train_loss: f64, tokens: u64) -> PyResult<()> {
         self.bus()?;

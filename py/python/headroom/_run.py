@@ -109,6 +109,7 @@ class Run:
         sample_hz: float = 4.0,
         job_view: bool = True,
         finish_previous: bool = True,
+        plan: Any = None,
     ):
         global _current
         previous = _finish_previous(name, finish_previous)
@@ -223,6 +224,8 @@ class Run:
             self._stop_checkpointed = False
             self._optimizer_said = False
             self._parts_said = False
+            # A headroom.plan(...): its prediction is logged beside each step's peak.
+            self._plan = plan
             self._saved_handlers: dict = {}
             self._in_poll = False
             self._pending_signals: list[int] = []
@@ -435,6 +438,8 @@ class Run:
         n = samples or 1
         peak = self._meter.peak()
         self._native.observe(step, n, seq_len, peak)
+        if self._plan is not None:
+            self._native.plan_check(step, n, self._plan.predict(n), peak)
         self._native.step(step, value, n, n, seq_len, dt, n * seq_len, _opt(lr), _opt(grad_norm))
         if not math.isfinite(value):
             self.notice(f"step {step}: the loss is {value}", level="warn")
@@ -667,6 +672,8 @@ class Run:
             next_mb, free = self._say_skipped(step, skipped), False
         else:
             next_mb, free = self._native.observe(step, mb, seq, peak, predicted_bytes=predicted)
+            if self._plan is not None:
+                self._native.plan_check(step, mb, self._plan.predict(mb), peak)
         if free:
             _torch.free_memory(self.device)
         dt = time.perf_counter() - t0
