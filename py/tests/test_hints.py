@@ -10,7 +10,7 @@ import torch
 
 import headroom
 
-from conftest import TinyGPT, gpt_batches, kinds
+from conftest import TinyGPT, gpt_batches, in_fresh_process, kinds
 
 
 def hints(log) -> list[dict]:
@@ -18,6 +18,10 @@ def hints(log) -> list[dict]:
 
 
 def test_a_leak_in_the_model_is_said_in_mib_per_step_and_cleared_when_it_stops(tmp_path):
+    in_fresh_process("test_hints", "leak", tmp_path)
+
+
+def leak(tmp_path):
     log = tmp_path / "leak.jsonl"
     model = TinyGPT()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -67,6 +71,10 @@ class CachedGPT(TinyGPT):
 
 
 def test_a_shrink_that_kept_the_peak_is_said_and_cleared_once_the_cache_goes(tmp_path):
+    in_fresh_process("test_hints", "shrink_kept", tmp_path)
+
+
+def shrink_kept(tmp_path):
     log = tmp_path / "shrink.jsonl"
     model = CachedGPT()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -9,7 +9,7 @@ import torch
 
 import headroom
 
-from conftest import TinyCNN, TinyGPT, cnn_batches, gpt_batches, kinds
+from conftest import TinyCNN, TinyGPT, cnn_batches, gpt_batches, in_fresh_process, kinds
 
 
 def state_of(model, opt):
@@ -122,6 +122,10 @@ class Wide(torch.nn.Module):
 
 
 def test_plan_where_activations_dominate(tmp_path):
+    in_fresh_process("test_plan", "activations_dominate", tmp_path)
+
+
+def activations_dominate(tmp_path):
     torch.manual_seed(0)
     model = Wide()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
