@@ -475,9 +475,9 @@ impl HintEngine {
             |raised| {
                 if raised {
                     format!(
-                        "other processes hold host memory this run was budgeted: the limit \
-                         fell from {} to {} ({} taken, {:.0}%); ending them gives the run \
-                         that much back (the controller sizes batches to what is left)",
+                        "other processes hold host memory this run's limit counted on: the \
+                         limit fell from {} to {} ({} taken, {:.0}%); ending them gives the \
+                         run that much back (the controller sizes batches to what is left)",
                         fmt_bytes(m.configured_limit_bytes),
                         fmt_bytes(m.limit_bytes),
                         fmt_bytes(taken),
