@@ -69,6 +69,8 @@ impl Progress {
             Telemetry::CheckpointSaved { step, path } => {
                 Some(format!("checkpoint at step {step}: {path}"))
             }
+            Telemetry::Hint(h) if h.raised => Some(format!("hint [{}]: {}", h.hint.label(), h.text)),
+            Telemetry::Hint(h) => Some(format!("hint cleared [{}]: {}", h.hint.label(), h.text)),
             Telemetry::Failed { reason } => Some(format!("run failed: {reason}")),
             Telemetry::Oom {
                 step,

@@ -117,6 +117,8 @@ fn train(mut args: TrainArgs) -> Result<u8> {
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(8192);
     let (bus, mut rx) = Bus::with_sinks_sized(log_file.is_some(), true, log_queue);
+    // Live hints from the trainer's and the sampler's figures (core/src/hints.rs).
+    let bus = bus.with_hints();
     let (cmd_tx, cmd_rx) = bounded::<Command>(64);
     if let Some(text) = &renamed {
         bus.send(Telemetry::Notice(Notice::new(

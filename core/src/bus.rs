@@ -10,11 +10,12 @@
 //! other sinks are told when the stall starts, and the stalled sink itself receives a
 //! record of the gap (how many it missed) as soon as it reads again.
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 
+use crate::hints::HintEngine;
 use crate::record::Record;
 use crate::telemetry::{Level, Notice, Telemetry};
 
@@ -76,6 +77,8 @@ pub struct Bus {
     serve: Option<Sink<Record>>,
     started: Instant,
     dropped: Arc<AtomicU64>,
+    /// Live hints computed from what passes through (a run's bus; none for a viewer's).
+    hints: Option<Arc<Mutex<HintEngine>>>,
 }
 
 pub struct BusReceivers {
@@ -143,6 +146,7 @@ impl Bus {
             serve: None,
             started: Instant::now(),
             dropped: Arc::new(AtomicU64::new(0)),
+            hints: None,
         };
         let rx = BusReceivers {
             events: erx,
@@ -153,8 +157,32 @@ impl Bus {
         (bus, rx)
     }
 
-    /// Hands `msg` to every sink without ever waiting.
+    /// This bus computes live hints from the records it carries and sends them on the
+    /// same path: the trainer's and the sampler's figures meet here, whichever thread
+    /// sends them, so a hint sees both (and a Python run gets the same hints as
+    /// `headroom train`).
+    pub fn with_hints(mut self) -> Bus {
+        self.hints = Some(Arc::new(Mutex::new(HintEngine::new())));
+        self
+    }
+
+    /// Hands `msg` to every sink without ever waiting (the hints' lock is held for the
+    /// rules' arithmetic only, a few times per step).
     pub fn send(&self, msg: Telemetry) {
+        let hints = match &self.hints {
+            Some(engine) if !matches!(msg, Telemetry::Hint(_)) => engine
+                .lock()
+                .map(|mut e| e.observe(&msg))
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        self.deliver(msg);
+        for hint in hints {
+            self.deliver(Telemetry::Hint(hint));
+        }
+    }
+
+    fn deliver(&self, msg: Telemetry) {
         let record = self.stamp(msg);
         if let Some(log) = &self.log {
             self.offer_record(log, "log", "the log's reader", record.clone());

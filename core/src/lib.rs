@@ -5,6 +5,7 @@
 pub mod bus;
 pub mod command;
 pub mod config;
+pub mod hints;
 pub mod policy;
 pub mod protocol;
 pub mod record;
@@ -15,6 +16,7 @@ pub mod units;
 pub use bus::{Bus, BusReceivers, SinkLosses};
 pub use command::Command;
 pub use config::{ConfigError, DeviceChoice, OnUserSignal, RunConfig};
+pub use hints::{Hint, HintEngine, HintKind, MemoryParts};
 pub use record::{BadRecord, Record};
 pub use segments::{BlockRun, Segment, SegmentMap};
 pub use telemetry::*;

@@ -338,6 +338,9 @@ impl CatchUp {
                 push(&mut self.steps, self.limits.steps * 2, item)
             }
             Telemetry::Sample(_) => push(&mut self.samples, self.limits.samples, item),
+            // A plan's check of every step is for the log; no view draws it, and in the
+            // event history it would push the run's events out of the catch-up.
+            Telemetry::PlanCheck(_) => {}
             Telemetry::Segments(_) => self.segments = Some(item),
             // Sent at every step: in the event history they would push the run's events
             // out of the catch-up.

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::command::Command;
 use crate::config::RunConfig;
+use crate::hints::{Hint, MemoryParts};
 use crate::policy::{Decision, Profile, Thresholds};
 use crate::segments::SegmentMap;
 
@@ -79,6 +80,13 @@ pub enum Telemetry {
     /// A torchrun job's ranks, as rank 0 gathered them over the process group at `step`
     /// (sent by rank 0 only; one row per rank, in rank order).
     JobRanks(JobRanks),
+    /// A live hint raised or cleared (core/src/hints.rs), computed from the records above.
+    Hint(Hint),
+    /// What the step's fixed memory is made of, as the producer counted it (once a run).
+    MemoryParts(MemoryParts),
+    /// Every optimizer step of a run given a plan (`headroom.plan`): the plan's
+    /// prediction beside the step's measured peak.
+    PlanCheck(PlanCheck),
 }
 
 impl Telemetry {
@@ -92,6 +100,7 @@ impl Telemetry {
                 | Telemetry::Sample(_)
                 | Telemetry::Segments(_)
                 | Telemetry::JobRanks(_)
+                | Telemetry::PlanCheck(_)
         )
     }
 
@@ -114,6 +123,9 @@ impl Telemetry {
             Telemetry::Finished(_) => "finished",
             Telemetry::Failed { .. } => "failed",
             Telemetry::JobRanks(_) => "job_ranks",
+            Telemetry::Hint(_) => "hint",
+            Telemetry::MemoryParts(_) => "memory_parts",
+            Telemetry::PlanCheck(_) => "plan_check",
         }
     }
 }
@@ -179,6 +191,16 @@ pub struct StepMemory {
     pub configured_limit_bytes: u64,
     /// peak / limit.
     pub usage: f64,
+}
+
+/// A plan's prediction for a step against what the step measured (bytes).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanCheck {
+    pub step: u64,
+    pub micro_batch: usize,
+    pub planned_bytes: u64,
+    /// The same peak as the step's `step_memory` record.
+    pub peak_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -585,6 +607,9 @@ mod schema_doc {
             "finished",
             "failed",
             "job_ranks",
+            "hint",
+            "memory_parts",
+            "plan_check",
         ] {
             assert!(doc.contains(&format!("| `{kind}` |")), "{kind} missing");
         }

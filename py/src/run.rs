@@ -478,6 +478,8 @@ impl NativeRun {
         };
         notices.extend(log_moved);
         let (bus, mut rx) = Bus::with_sinks(pending_log.is_some(), true);
+        // Live hints from this run's figures, on the same stream and log as `headroom train`'s.
+        let bus = bus.with_hints();
         // Nobody draws in this process: viewers attach over the socket.
         drop((rx.events, rx.metrics));
         let log_writer = match (pending_log, rx.log.take()) {
@@ -739,6 +741,37 @@ impl NativeRun {
             effective_batch,
             seq_len,
             tokens_seen: self.tokens_seen,
+        }));
+        Ok(())
+    }
+
+    /// What the step's fixed memory is made of, counted by Python after the first
+    /// optimizer step: parameters, gradients and the optimizer's state, bytes (the
+    /// optimizer-state hint reads it).
+    fn memory_parts(&self, parameters: u64, gradients: u64, optimizer: u64) -> PyResult<()> {
+        self.bus()?;
+        self.send(Telemetry::MemoryParts(headroom_core::MemoryParts {
+            parameters,
+            gradients,
+            optimizer,
+        }));
+        Ok(())
+    }
+
+    /// A plan's prediction for a completed step beside its measured peak.
+    fn plan_check(
+        &self,
+        step: u64,
+        micro_batch: usize,
+        planned_bytes: u64,
+        peak_bytes: u64,
+    ) -> PyResult<()> {
+        self.bus()?;
+        self.send(Telemetry::PlanCheck(headroom_core::PlanCheck {
+            step,
+            micro_batch,
+            planned_bytes,
+            peak_bytes,
         }));
         Ok(())
     }

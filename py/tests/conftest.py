@@ -284,6 +284,17 @@ def finish(job: subprocess.Popen, timeout: float = 240) -> tuple[str, str]:
     return out, err
 
 
+def in_fresh_process(module: str, body: str, tmp_path) -> None:
+    """Runs `module.body(tmp_path)` in a process of its own: these tests allocate and free
+    large tensors, which moves glibc's mmap threshold for the rest of the process (later
+    tests' peaks would then come from reused heap), and measure peaks that an earlier
+    test's retained heap would distort."""
+    p = spawn(["-c", f"import pathlib, {module}; {module}.{body}(pathlib.Path({str(tmp_path)!r}))"])
+    out, err = p.communicate(timeout=300)
+    print(out)
+    assert p.returncode == 0, err
+
+
 __all__ = ["headroom"]
 
 

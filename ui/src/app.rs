@@ -1,11 +1,11 @@
 //! The dashboard's state: everything the screen shows, folded from telemetry. Pure: no
 //! terminal, no clock (time is handed in), so every update is unit-tested.
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use headroom_core::units::{fmt_bytes, fmt_duration};
 use headroom_core::{
-    Command, EvalMetrics, Level, Record, RunInfo, RunStatus, RunSummary, SegmentMap, StepMetrics,
-    SystemSample, Telemetry,
+    Command, EvalMetrics, Hint, HintKind, Level, Record, RunInfo, RunStatus, RunSummary,
+    SegmentMap, StepMetrics, SystemSample, Telemetry,
 };
 
 use crate::editor::{next_profile, EditStatus, ThresholdEditor};
@@ -212,6 +212,8 @@ pub struct App {
     pub confirm_stop: bool,
     /// A torchrun job's rows, once rank 0 sent some, and the rank selected.
     pub job: Option<JobView>,
+    /// The live hints up now (raised and not yet cleared), by kind.
+    pub hints: BTreeMap<HintKind, Hint>,
 }
 
 impl App {
@@ -248,6 +250,7 @@ impl App {
             replay: None,
             confirm_stop: false,
             job: None,
+            hints: BTreeMap::new(),
         }
     }
 
@@ -470,6 +473,16 @@ impl App {
                     format!("run {how} at step {}/{}", s.steps_done, s.total_steps),
                 );
                 self.summary = Some(s.clone());
+            }
+            Telemetry::Hint(h) => {
+                let (level, what) = if h.raised {
+                    self.hints.insert(h.hint, h.clone());
+                    (Level::Warn, "hint")
+                } else {
+                    self.hints.remove(&h.hint);
+                    (Level::Info, "hint cleared")
+                };
+                self.log_t(t, level, format!("{what}: {}: {}", h.hint.label(), h.text));
             }
             Telemetry::Failed { reason } => {
                 self.status = RunStatus::Failed;

@@ -5,6 +5,7 @@ mod events;
 mod footer;
 mod gauge;
 mod heap;
+mod hints;
 mod ranks;
 mod text;
 mod training;
@@ -95,6 +96,12 @@ pub fn render(frame: &mut Frame, app: &App) {
     if rows.charts > 0 {
         render_memory_chart(frame, app, mem_chart);
         render_loss_chart(frame, app, loss_chart);
+    }
+    let hint_rows = hints::rows_wanted(app, events.height);
+    let [hint_area, events] =
+        Layout::vertical([Constraint::Length(hint_rows), Constraint::Min(0)]).areas(events);
+    if hint_rows > 0 {
+        hints::render(frame, app, hint_area);
     }
     events::render_panel(frame, app, events);
     render_footer(frame, app, footer);

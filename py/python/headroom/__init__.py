@@ -25,9 +25,11 @@ _LAZY = {
     "LossError": "._run",
     "OptimizerStepFailed": "._run",
     "OutOfMemory": "._run",
+    "Plan": "._plan",
     "RankFailed": "._dist",
     "Run": "._run",
     "RunError": "._run",
+    "plan": "._plan",
 }
 
 
@@ -53,8 +55,10 @@ __all__ = [
     "LossError",
     "OptimizerStepFailed",
     "OutOfMemory",
+    "Plan",
     "RankFailed",
     "Run",
     "RunError",
     "__version__",
+    "plan",
 ]

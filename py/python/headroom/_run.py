@@ -109,6 +109,8 @@ class Run:
         sample_hz: float = 4.0,
         job_view: bool = True,
         finish_previous: bool = True,
+        plan: Any = None,
+        oom_snapshot: bool = False,
     ):
         global _current
         previous = _finish_previous(name, finish_previous)
@@ -206,6 +208,15 @@ class Run:
                     "peaks are the process's peak so far and over-state later steps",
                     level="warn",
                 )
+            self._oom_snapshot = bool(oom_snapshot) and cuda
+            if oom_snapshot and not cuda:
+                self.notice(
+                    "oom_snapshot: off on the CPU: the snapshot is the CUDA caching "
+                    "allocator's (torch.cuda.memory._dump_snapshot), and the CPU has none"
+                )
+            if self._oom_snapshot:
+                # What memory_viz shows needs the allocations' history from here on.
+                torch.cuda.memory._record_memory_history(max_entries=100_000)
             if self._adaptive:
                 self._native.adapt(
                     micro_batch or self._effective,
@@ -222,6 +233,9 @@ class Run:
             self._signal_boundaries = 0
             self._stop_checkpointed = False
             self._optimizer_said = False
+            self._parts_said = False
+            # A headroom.plan(...): its prediction is logged beside each step's peak.
+            self._plan = plan
             self._saved_handlers: dict = {}
             self._in_poll = False
             self._pending_signals: list[int] = []
@@ -434,6 +448,8 @@ class Run:
         n = samples or 1
         peak = self._meter.peak()
         self._native.observe(step, n, seq_len, peak)
+        if self._plan is not None:
+            self._native.plan_check(step, n, self._plan.predict(n), peak)
         self._native.step(step, value, n, n, seq_len, dt, n * seq_len, _opt(lr), _opt(grad_norm))
         if not math.isfinite(value):
             self.notice(f"step {step}: the loss is {value}", level="warn")
@@ -591,6 +607,7 @@ class Run:
             # Out of memory: the attempt's tensors went with its frames.
             restart = in_backward and self._grads_changed(versions)
             retry, _ = self._native.oom(step, mb, seq, failed)
+            self._snapshot_oom(step)
             _torch.free_memory(self.device)
             if retry is None:
                 raise OutOfMemory(
@@ -653,6 +670,11 @@ class Run:
                 self._job_fail(step, e)
             raise
         skipped = _scaler_update(scaler, optimizer)
+        if not self._parts_said and not skipped:
+            # Once, while the gradients and the optimizer's state both exist: what the
+            # fixed part of a step is made of (the optimizer-state hint reads it).
+            self._parts_said = True
+            self._native.memory_parts(*_torch.memory_parts(self._model, optimizer))
         if zero_grad:
             optimizer.zero_grad(set_to_none=True)
         self._accumulated = None
@@ -661,6 +683,8 @@ class Run:
             next_mb, free = self._say_skipped(step, skipped), False
         else:
             next_mb, free = self._native.observe(step, mb, seq, peak, predicted_bytes=predicted)
+            if self._plan is not None:
+                self._native.plan_check(step, mb, self._plan.predict(mb), peak)
         if free:
             _torch.free_memory(self.device)
         dt = time.perf_counter() - t0
@@ -851,8 +875,30 @@ class Run:
         self._native.fail(str(reason))
         self._release()
 
+    def _snapshot_oom(self, step: int) -> None:
+        """With oom_snapshot=True on CUDA: what the allocator held when a step ran out of
+        memory, as the pickle PyTorch's memory_viz reads, beside the log (or in the
+        working directory without one); its path goes in the event log."""
+        if not self._oom_snapshot:
+            return
+        log = self.log_path
+        base = Path(log).with_suffix("") if log else Path.cwd() / self.name
+        path = f"{base}.oom-step{step}.pickle"
+        try:
+            torch.cuda.memory._dump_snapshot(path)
+        except Exception as e:  # a snapshot must never end the run it explains
+            self.notice(f"step {step}: the out-of-memory snapshot failed: {e}", level="warn")
+            return
+        self.notice(
+            f"step {step}: out of memory: the allocator's state then is in {path} "
+            "(open it at https://pytorch.org/memory_viz)",
+            level="warn",
+        )
+
     def _release(self) -> None:
         global _current
+        if getattr(self, "_oom_snapshot", False):
+            torch.cuda.memory._record_memory_history(enabled=None)
         self._restore_signal_handlers()
         with _current_lock:
             if _current is self:

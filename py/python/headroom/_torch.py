@@ -134,6 +134,30 @@ class PeakMeter:
         return _native.rss() or 0
 
 
+def tensor_bytes(tensors, seen: set[int] | None = None) -> int:
+    """Bytes of `tensors`, each storage counted once (across calls sharing `seen`)."""
+    seen = set() if seen is None else seen
+    total = 0
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or t.numel() == 0 or t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    return total
+
+
+def memory_parts(model: Any, optimizer: Any) -> tuple[int, int, int]:
+    """Bytes of the model's parameters, their gradients (as they stand: call before
+    zero_grad) and the optimizer's state tensors, each tensor counted once."""
+    seen: set[int] = set()
+    params = list(model.parameters()) if model is not None else []
+    p = tensor_bytes(params, seen)
+    g = tensor_bytes((q.grad for q in params if q.grad is not None), seen)
+    state = optimizer.state.values() if optimizer is not None else ()
+    o = tensor_bytes((v for s in state for v in s.values()), seen)
+    return p, g, o
+
+
 def free_memory(d: torch.device) -> None:
     """Drops what a failed attempt left (its frames are gone once the exception is), and
     returns cached memory: the CUDA cache, or glibc's free heap pages."""

@@ -1,0 +1,119 @@
+"""Live hints in a Python run, each raised by its real cause and cleared when the cause
+goes: a leak in the model (a list that keeps a tensor every step), a cache that a shrink
+cannot free; and the parts of a step's fixed memory, counted for the optimizer hint."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+import headroom
+
+from conftest import TinyGPT, gpt_batches, in_fresh_process, kinds
+
+
+def hints(log) -> list[dict]:
+    return kinds(log, "hint")
+
+
+def test_a_leak_in_the_model_is_said_in_mib_per_step_and_cleared_when_it_stops(tmp_path):
+    in_fresh_process("test_hints", "leak", tmp_path)
+
+
+def leak(tmp_path):
+    log = tmp_path / "leak.jsonl"
+    model = TinyGPT()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    kept: list[torch.Tensor] = []
+    leaking = {"on": False}
+
+    def hook(h):
+        # The leak: 4 MiB kept every forward, touched so the pages are resident.
+        if leaking["on"]:
+            kept.append(torch.ones(1 << 20))
+        return h
+
+    model.hook = hook
+    run = headroom.Run(
+        "leak", model=model, effective_batch=8, micro_batch=8, adaptive=False, log=log
+    )
+    for i, b in enumerate(gpt_batches(20, 8)):
+        leaking["on"] = 4 <= i < 12
+        run.backward(b, model.loss)
+        run.step(opt)
+    run.finish()
+    got = [h for h in hints(log) if h["hint"] == "leak"]
+    assert [h["raised"] for h in got] == [True, False], got
+    raised, cleared = got
+    # Raised once the window of six steps rose at every step (the fifth leaking step).
+    assert 9 <= raised["step"] <= 12, raised
+    # The rate said is the rate leaked: 4 MiB per step.
+    assert 3.5 * 2**20 <= raised["figure_bytes"] <= 4.5 * 2**20, raised
+    assert "MiB per step at a constant micro-batch 8 × 16 tokens" in raised["text"]
+    assert cleared["step"] > 12, cleared
+    assert len(kept) == 8
+
+
+class CachedGPT(TinyGPT):
+    """A model that keeps a scratch buffer sized for the largest batch it has seen (like
+    a preallocated cache): a smaller batch reuses it, so shrinking frees none of it."""
+
+    def __init__(self):
+        super().__init__()
+        self.cache: torch.Tensor | None = None
+
+    def forward(self, x):
+        need = x.shape[0] * (8 << 20) // 4  # 8 MiB per sample
+        if self.cache is None or self.cache.numel() < need:
+            self.cache = torch.ones(need)
+        return super().forward(x) + self.cache[:1] * 0
+
+
+def test_a_shrink_that_kept_the_peak_is_said_and_cleared_once_the_cache_goes(tmp_path):
+    in_fresh_process("test_hints", "shrink_kept", tmp_path)
+
+
+def shrink_kept(tmp_path):
+    log = tmp_path / "shrink.jsonl"
+    model = CachedGPT()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    run = headroom.Run(
+        "shrink", model=model, effective_batch=16, micro_batch=16, adaptive=False, log=log
+    )
+    for i, b in enumerate(gpt_batches(12, 16)):
+        if i == 4:
+            # The dashboard's pin, as a viewer sends it: a shrink 16 → 4.
+            pin = {"command": "pin_micro_batch", "micro_batch": 4}
+            run._native.apply_commands([json.dumps(pin)])
+        if i == 8:
+            model.cache = None  # the cause goes: the 128 MiB cache is dropped
+        run.backward(b, model.loss)
+        run.step(opt)
+    run.finish()
+    mem = kinds(log, "step_memory")
+    assert [m["micro_batch"] for m in mem][3:6] == [16, 4, 4], mem
+    got = [h for h in hints(log) if h["hint"] == "shrink_ineffective"]
+    assert [h["raised"] for h in got] == [True, False], got
+    raised, cleared = got
+    assert raised["step"] == 5 and "16 → 4 did not lower" in raised["text"], raised
+    assert cleared["step"] == 9, cleared
+    # The figure is the peak after the shrink, as measured.
+    assert raised["figure_bytes"] == mem[4]["peak_bytes"]
+
+
+def test_the_fixed_parts_are_counted_after_the_first_step(tmp_path):
+    log = tmp_path / "parts.jsonl"
+    model = TinyGPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    run = headroom.Run("parts", model=model, effective_batch=4, micro_batch=4, log=log)
+    for b in gpt_batches(2, 4):
+        run.backward(b, model.loss)
+        run.step(opt)
+    run.finish()
+    (parts,) = kinds(log, "memory_parts")
+    p = sum(q.numel() * 4 for q in model.parameters())
+    assert parts["parameters"] == p and parts["gradients"] == p
+    # AdamW: two moments per parameter, and a step counter per parameter tensor.
+    n = len(list(model.parameters()))
+    assert parts["optimizer"] == 2 * p + 4 * n, (parts, p, n)
