@@ -6,7 +6,8 @@
 //! `observe`, and `EmptyCache` applied to the curve's cache.
 //!
 //! Curves (a seeded sweep): fixed part 0–85% of the limit; per-token cost linear plus an
-//! attention term quadratic in length (0–60% of the cost at the longest length); noise up
+//! attention term quadratic in length (0–60% of the cost at the longest length; 0–3% for
+//! random lengths with no attention term to speak of, a small model's); noise up
 //! to ±2% (the controller told to expect 2%, as the trainer tells it of a resident set),
 //! or up to ±0.2% with the controller told 0.5% (an exact meter: a CUDA allocator's
 //! peak, which repeats to the byte); a first step lower than the rest (optimizer state allocated during it); a
@@ -71,9 +72,10 @@ enum Family {
     Random,
     RandomHeap,
     FixedExact,
+    RandomLinear,
 }
 
-const FAMILIES: [Family; 10] = [
+const FAMILIES: [Family; 11] = [
     Family::FixedClean,
     Family::FixedNoBaseline,
     Family::FixedHeap,
@@ -84,6 +86,7 @@ const FAMILIES: [Family; 10] = [
     Family::Random,
     Family::RandomHeap,
     Family::FixedExact,
+    Family::RandomLinear,
 ];
 
 impl Family {
@@ -102,6 +105,7 @@ impl Family {
             Family::Random => 86,
             Family::RandomHeap => 47,
             Family::FixedExact => 89,
+            Family::RandomLinear => 89,
         }
     }
 
@@ -117,6 +121,7 @@ impl Family {
             Family::Random => "random length",
             Family::RandomHeap => "random, retained heap (soft)",
             Family::FixedExact => "fixed, exact meter (GPU)",
+            Family::RandomLinear => "random, no attention term",
         }
     }
 }
@@ -175,11 +180,21 @@ impl Curve {
         let n = r.range(0.0, 1500f64.ln()).exp().floor().max(1.0);
         let per_seq = (0.9 - fixed) / (n + 0.5);
         let q = r.range(0.0, 0.6);
+        // A small model's attention is a sliver of its memory (issue 25's binary run: a
+        // 2-layer, 64-wide GPT on 32–256 random lengths read a line in tokens).
+        let q = if family == Family::RandomLinear {
+            q / 20.0
+        } else {
+            q
+        };
         let a = (1.0 - q) * per_seq / lmax as f64;
         let b = q * per_seq / (lmax * lmax) as f64;
         // A CUDA allocator's peak repeats to the byte; a process's resident set scatters.
         let (noise, meter_noise) = match (family, r.range(0.0, 0.02)) {
             (Family::FixedExact, n) => (n / 10.0, ALLOCATOR_NOISE),
+            // Under a hard cap the trainer mmaps large tensors: the resident set follows
+            // them and repeats to about half a percent.
+            (Family::RandomLinear, n) => (n / 4.0, RSS_NOISE),
             (_, n) => (n, RSS_NOISE),
         };
         let grads = r.range(0.0, 0.3) * fixed;
@@ -212,7 +227,7 @@ impl Curve {
                 lo: lmax / 4,
                 steps: 30 + r.next() % 90,
             },
-            Family::Random | Family::RandomHeap => Lens::Random {
+            Family::Random | Family::RandomHeap | Family::RandomLinear => Lens::Random {
                 lo: lmax / 8,
                 seed: r.next(),
             },
@@ -565,7 +580,9 @@ fn run<P: Policy>(c: &Curve) -> Outcome {
             length_changes + MIN_LEN_CHANGES_SLACK,
             vec![(1, STEPS + 1, final_mb, STEPS)],
         ),
-        (Family::Random | Family::RandomHeap, _) => (6, vec![(1, STEPS + 1, final_mb, STEPS)]),
+        (Family::Random | Family::RandomHeap | Family::RandomLinear, _) => {
+            (6, vec![(1, STEPS + 1, final_mb, STEPS)])
+        }
         _ => (3, vec![(1, STEPS + 1, final_mb, STEPS)]),
     };
     let mut count_ok = true;
