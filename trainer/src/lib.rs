@@ -5,6 +5,7 @@ pub mod checkpoint;
 pub mod data;
 pub mod device;
 pub mod digest;
+pub mod heap_watch;
 pub mod journal;
 pub mod model;
 pub mod oom;

@@ -30,6 +30,7 @@ use tch::{Device, TchError};
 use crate::checkpoint::{self, CheckpointError, CheckpointState, CorpusRecord};
 use crate::data::{DataError, Dataset};
 use crate::device::{self, DeviceError};
+use crate::heap_watch::{self, HeapWatch};
 use crate::journal::{Call, ControllerJournal, Journaled};
 use crate::model::Gpt;
 use crate::oom;
@@ -589,6 +590,8 @@ struct Trainer {
     memory: MemorySummary,
     /// Tokens per micro-batch of the previous step ([`Trainer::follow_smaller_step`]).
     last_tokens: usize,
+    /// Whether glibc's heap holds memory the batch does not ([`HeapWatch`]).
+    heap: HeapWatch,
     /// Asked between micro-batches whether to give the step up.
     stop: StopSwitch,
     /// Commands that arrived during a step, carried out at its end.
@@ -774,6 +777,7 @@ impl Trainer {
             stopped_by_user: false,
             memory: MemorySummary::default(),
             last_tokens,
+            heap: HeapWatch::default(),
             stop: opts.stop,
             pending: Default::default(),
         })
@@ -1209,6 +1213,11 @@ impl Trainer {
             configured_limit_bytes: self.meter.limit(),
             usage,
         }));
+        if self.device == Device::Cpu && !heap_watch::mmap_threshold_set(self.hard_limit) {
+            if let Some(text) = self.heap.after_step(peak, predicted, limit) {
+                bus.send(Telemetry::Notice(Notice::new(Level::Warn, "memory", text)));
+            }
+        }
         let decisions = self.controller.observe(StepObservation {
             step: plan.step,
             micro_batch: plan.micro_batch,
