@@ -2,6 +2,7 @@
 //! of its own that owns every tensor.
 pub mod alloc_stats;
 pub mod checkpoint;
+pub mod compute;
 pub mod data;
 pub mod device;
 pub mod digest;

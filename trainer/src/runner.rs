@@ -339,6 +339,41 @@ fn schedule_change(now: &RunConfig, then: &RunConfig, step: u64) -> Option<Notic
     ))
 }
 
+/// A resume with another precision or checkpointing says so: the checkpoint holds float32
+/// weights and moments either way, so it loads, but the steps after it are computed
+/// differently from those before it.
+fn lever_changes(now: &RunConfig, then: &RunConfig, step: u64) -> Vec<Notice> {
+    let (a, b) = (&then.model, &now.model);
+    let mut out = Vec::new();
+    if a.precision != b.precision {
+        out.push(Notice::new(
+            Level::Warn,
+            "model",
+            format!(
+                "resuming in {} a run trained in {} up to step {step}: the checkpoint's \
+                 float32 weights and moments load as they are, and the steps from {} on \
+                 compute in {}",
+                b.precision,
+                a.precision,
+                step + 1,
+                b.precision
+            ),
+        ));
+    }
+    if a.checkpoint != b.checkpoint {
+        out.push(Notice::new(
+            Level::Info,
+            "model",
+            format!(
+                "activation checkpointing is {} (it was {} up to step {step}): memory per \
+                 sequence changes, what is learned does not",
+                b.checkpoint, a.checkpoint
+            ),
+        ));
+    }
+    out
+}
+
 /// Refuses a model that cannot train in the memory there is, before building it: a huge
 /// config would otherwise allocate until the machine swaps, or die in libtorch.
 fn check_model_fits(cfg: &RunConfig, device: Device) -> Result<(), TrainError> {
@@ -612,6 +647,14 @@ impl Trainer {
         if cfg.run.threads > 0 {
             tch::set_num_threads(cfg.run.threads as i32);
         }
+        if let Device::Cuda(_) = device {
+            crate::compute::set_tf32(cfg.model.tf32).map_err(|e| {
+                TrainError::Torch(format!(
+                    "setting model.tf32 failed: {}",
+                    first_line(&e.to_string())
+                ))
+            })?;
+        }
         check_model_fits(&cfg, device)?;
         let resumed = opts.resume.as_deref().map(checkpoint::load).transpose()?;
         if let Some(ck) = &resumed {
@@ -660,6 +703,7 @@ impl Trainer {
                 if let Some(n) = schedule_change(&cfg, &ck.state.config, ck.state.step) {
                     notices.push(n);
                 }
+                notices.extend(lever_changes(&cfg, &ck.state.config, ck.state.step));
                 if ck.state.seed != cfg.run.seed {
                     bus.send(Telemetry::Notice(Notice::new(
                         Level::Warn,
