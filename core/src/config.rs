@@ -390,6 +390,10 @@ pub struct MemorySection {
     pub min_micro_batch: usize,
     /// 0 means the effective batch (the micro-batch never exceeds it).
     pub max_micro_batch: usize,
+    /// Built-in trainer: when even the smallest micro-batch runs out of memory, turn
+    /// activation checkpointing on (`model.checkpoint = "blocks"`) and retry the step,
+    /// instead of stopping. Off by default: it changes the run's speed unasked.
+    pub auto_checkpoint: bool,
 }
 
 impl Default for MemorySection {
@@ -402,6 +406,7 @@ impl Default for MemorySection {
             adaptive: true,
             min_micro_batch: 1,
             max_micro_batch: 0,
+            auto_checkpoint: false,
         }
     }
 }

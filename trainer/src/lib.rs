@@ -6,6 +6,7 @@ pub mod compute;
 pub mod data;
 pub mod device;
 pub mod digest;
+pub mod levers;
 pub mod model;
 pub mod oom;
 pub mod optim;

@@ -15,6 +15,7 @@ use std::time::Instant;
 use std::collections::BTreeSet;
 
 use crossbeam_channel::{bounded, Receiver, TryRecvError};
+use headroom_core::config::{Checkpointing, Precision};
 use headroom_core::policy::{
     Controller, ControllerConfig, Decision, Profile, StepObservation, Thresholds, Upcoming,
     ALLOCATOR_NOISE, RSS_NOISE,
@@ -30,6 +31,7 @@ use tch::{Device, TchError};
 use crate::checkpoint::{self, CheckpointError, CheckpointState, CorpusRecord};
 use crate::data::{DataError, Dataset};
 use crate::device::{self, DeviceError};
+use crate::levers::{Measured, PendingSwitch};
 use crate::model::Gpt;
 use crate::oom;
 use crate::optim::{AdamW, AdamWConfig};
@@ -627,6 +629,10 @@ struct Trainer {
     stop: StopSwitch,
     /// Commands that arrived during a step, carried out at its end.
     pending: std::collections::VecDeque<Command>,
+    /// The last completed step's measured peak, for what a lever switch frees.
+    last_measured: Option<Measured>,
+    /// A precision or checkpointing switch waiting for its first step.
+    switch: Option<PendingSwitch>,
 }
 
 impl Trainer {
@@ -803,6 +809,8 @@ impl Trainer {
             last_tokens: 0,
             stop: opts.stop,
             pending: Default::default(),
+            last_measured: None,
+            switch: None,
         })
     }
 
@@ -1189,6 +1197,16 @@ impl Trainer {
         self.controller.set_limit(limit);
         let usage = peak as f64 / limit as f64;
         self.memory.note_peak(peak, limit, usage);
+        let measured = Measured {
+            step: plan.step,
+            peak,
+            micro_batch: plan.micro_batch,
+            seq_len: plan.seq_len,
+        };
+        if let Some(switch) = self.switch.take() {
+            bus.send(Telemetry::Notice(switch.outcome(measured)));
+        }
+        self.last_measured = Some(measured);
         bus.send(Telemetry::StepMemory(StepMemory {
             step: plan.step,
             micro_batch: plan.micro_batch,
@@ -1232,6 +1250,22 @@ impl Trainer {
         if outcome.retry_with.is_some() {
             return Ok(());
         }
+        if self.cfg.memory.auto_checkpoint && !self.model.checkpointing().is_on() {
+            // The smallest micro-batch does not fit: recomputing the blocks' activations
+            // may make it fit, which beats stopping (the user opted in).
+            self.switch_checkpointing(Checkpointing::Blocks, "controller");
+            bus.send(Telemetry::Notice(Notice::new(
+                Level::Warn,
+                "memory",
+                format!(
+                    "step {} ran out of memory at the smallest micro-batch ({} × {} tokens): \
+                     activation checkpointing is now on (memory.auto_checkpoint) and the step \
+                     is retried",
+                    plan.step, plan.micro_batch, plan.seq_len
+                ),
+            )));
+            return Ok(());
+        }
         let saved = match self.checkpoint(bus) {
             Ok(path) => format!(
                 "the state after step {} is saved at {}",
@@ -1249,6 +1283,46 @@ impl Trainer {
             plan.micro_batch,
             plan.seq_len
         ))
+    }
+
+    /// A precision switch, from the next step on; what the run's checkpoints record too.
+    fn switch_precision(&mut self, to: Precision, source: &'static str) -> Option<String> {
+        let was = self.model.precision();
+        if was == to {
+            return None;
+        }
+        self.model.set_precision(to);
+        self.cfg.model.precision = to;
+        Some(self.note_switch(format!("precision {was} → {to}"), source))
+    }
+
+    /// An activation-checkpointing switch, from the next step on.
+    fn switch_checkpointing(&mut self, to: Checkpointing, source: &'static str) -> Option<String> {
+        let was = self.model.checkpointing();
+        if was == to {
+            return None;
+        }
+        self.model.set_checkpointing(to);
+        self.cfg.model.checkpoint = to;
+        Some(self.note_switch(format!("activation checkpointing {was} → {to}"), source))
+    }
+
+    /// Waits for the next step's peak to say what the switch freed; two switches before
+    /// one step are said together, against the peak before the first.
+    fn note_switch(&mut self, what: String, source: &'static str) -> String {
+        let text = format!("{what} from step {}", self.step + 1);
+        self.switch = Some(match self.switch.take() {
+            Some(earlier) => PendingSwitch {
+                what: format!("{}, {what}", earlier.what),
+                ..earlier
+            },
+            None => PendingSwitch {
+                what,
+                source,
+                before: self.last_measured,
+            },
+        });
+        text
     }
 
     /// Carries out the controller's decisions and reports each with its numbers.
@@ -1490,6 +1564,20 @@ impl Trainer {
                         cmd,
                         "micro-batch unpinned; the controller resizes again".into(),
                     );
+                }
+                Command::SetPrecision { precision } => {
+                    let text = self
+                        .switch_precision(precision, "command")
+                        .unwrap_or_else(|| format!("precision is already {precision}"));
+                    applied(bus, cmd, text);
+                }
+                Command::SetCheckpointing { checkpoint } => {
+                    let text = self
+                        .switch_checkpointing(checkpoint, "command")
+                        .unwrap_or_else(|| {
+                            format!("activation checkpointing is already {checkpoint}")
+                        });
+                    applied(bus, cmd, text);
                 }
                 Command::FreeCache => {
                     let (what, before) = oom::held(self.device);

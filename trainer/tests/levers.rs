@@ -129,3 +129,130 @@ fn checkpointed_gradients_equal_the_plain_ones() {
         }
     }
 }
+
+/// A checkpoint of an fp32 run resumes in bf16 with checkpointing: it loads (float32
+/// weights and moments either way), the run goes on, and the change is said.
+#[test]
+fn a_resume_with_other_levers_trains_on_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = tiny();
+    cfg.run.steps = 3;
+    let first = run(opts(cfg.clone(), &dir.path().join("a"), None));
+    first.result.unwrap();
+    cfg.run.steps = 5;
+    cfg.model.precision = Precision::Bf16;
+    cfg.model.checkpoint = Checkpointing::Blocks;
+    let resumed = run(opts(
+        cfg,
+        &dir.path().join("b"),
+        Some(dir.path().join("a/step-000003")),
+    ));
+    assert_eq!(resumed.result.unwrap().steps_done, 5);
+    let said: Vec<String> = resumed
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            headroom_core::Telemetry::Notice(n) => Some(n.text.clone()),
+            _ => None,
+        })
+        .collect();
+    let said = said.join("\n");
+    assert_contains(
+        &said,
+        &[
+            "resuming in bf16 a run trained in fp32 up to step 3",
+            "activation checkpointing is blocks (it was none",
+        ],
+    );
+}
+
+/// Both levers switched from the dashboard between steps: each command is confirmed with
+/// the step it takes effect at, the first step after the switch says its peak against
+/// the last one's before it, and the run's checkpoint records the new settings.
+#[test]
+fn levers_switch_live_at_a_step_boundary() {
+    use crossbeam_channel::bounded;
+    use headroom_core::{Bus, Command, Telemetry};
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = tiny();
+    cfg.run.steps = 10_000;
+    cfg.memory.adaptive = false;
+    let (bus, rx) = Bus::new(false);
+    let (tx, cmd_rx) = bounded(16);
+    let handle = headroom_trainer::runner::spawn(opts(cfg, dir.path(), None), bus, cmd_rx).unwrap();
+    let next = || rx.events.recv_timeout(Duration::from_secs(30)).unwrap().msg;
+    // Paused once a step has run and been measured.
+    loop {
+        if let Ok(m) = rx.metrics.recv_timeout(Duration::from_secs(30)) {
+            if matches!(m.msg, Telemetry::StepMemory(_)) {
+                break;
+            }
+        }
+    }
+    tx.send(Command::Pause).unwrap();
+    let mut applied = Vec::new();
+    let commands = [
+        Command::SetPrecision {
+            precision: Precision::Bf16,
+        },
+        Command::SetCheckpointing {
+            checkpoint: Checkpointing::Blocks,
+        },
+        Command::SetCheckpointing {
+            checkpoint: Checkpointing::Blocks,
+        },
+    ];
+    for c in &commands {
+        tx.send(c.clone()).unwrap();
+    }
+    while applied.len() < 4 {
+        if let Telemetry::CommandApplied { applied: a, .. } = next() {
+            applied.push(a);
+        }
+    }
+    let step = applied[0]
+        .strip_prefix("paused after step ")
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("{applied:?}"));
+    assert_eq!(
+        applied[1..],
+        [
+            format!("precision fp32 → bf16 from step {}", step + 1),
+            format!(
+                "activation checkpointing none → blocks from step {}",
+                step + 1
+            ),
+            "activation checkpointing is already blocks".to_string(),
+        ]
+    );
+    tx.send(Command::Resume).unwrap();
+    let said = loop {
+        if let Telemetry::Notice(n) = next() {
+            if n.source == "lever" {
+                break n.text;
+            }
+        }
+    };
+    assert_contains(
+        &said,
+        &[
+            &format!(
+                "step {}: precision fp32 → bf16, activation checkpointing none → blocks \
+                 (command): step peak",
+                step + 1
+            ),
+            "at 8 × 32 tokens",
+        ],
+    );
+    tx.send(Command::Stop).unwrap();
+    let summary = handle.join().unwrap();
+    let saved = headroom_trainer::runner::read_checkpoint_config(std::path::Path::new(
+        &summary.checkpoint.unwrap(),
+    ))
+    .unwrap();
+    assert_eq!(
+        (saved.model.precision, saved.model.checkpoint),
+        (Precision::Bf16, Checkpointing::Blocks)
+    );
+}
