@@ -5,8 +5,8 @@ its two memory levers.
         [--batch 64] [--seq 64] [--steps 40] [--rounds 2] [--precision fp32|bf16|both]
     python py/bench/builtin_vs_torch.py levers [--steps 30] ...
 
-`speed`: the same model (the default GPT: examples/python/nanogpt.py is its layout: byte
-vocabulary, pre-norm blocks, exact GELU, causal SDPA, head tied to the embedding), the
+`speed`: the same model (the twin below of trainer/src/model.rs: byte vocabulary, pre-norm
+blocks, exact GELU, causal SDPA, head tied to the embedding, no dropout), the
 same fixed micro-batch with no accumulation, the same intra-op threads, AdamW with the
 built-in trainer's settings (betas 0.9/0.99, eps 1e-8, weight decay 0.1 on matrices only,
 `torch.optim.AdamW` with its defaults otherwise) and clipping at 1.0, the data drawn from
@@ -21,8 +21,8 @@ tokens/s of each and their ratio, and the ratio of the medians is printed last. 
 `levers`: the built-in trainer alone for each precision × checkpointing choice: tokens/s
 and peak memory per token at a fixed micro-batch (the step peak's growth from micro-batch
 B/2 to B, divided by the tokens added: what each more token costs), then the micro-batch
-the controller settles at under one fixed budget (`--budget`, default 448MiB above...
-see below) when it starts at 1 and may grow.
+the controller settles at under one fixed budget (`--budget`) when it starts at 1 and may
+grow up to the effective batch (`--effective`).
 
 Needs HEADROOM_BIN (default target/release/headroom) and torch.
 """
@@ -35,19 +35,57 @@ import math
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _gpt import make_model  # noqa: E402
-
 CORPUS = ROOT / "assets" / "tinyshakespeare.txt"
+
+
+class Block(nn.Module):
+    """trainer/src/model.rs's block: pre-norm attention and a 4x exact-GELU MLP."""
+
+    def __init__(self, c: int, n_head: int):
+        super().__init__()
+        self.n_head = n_head
+        self.ln_1, self.ln_2 = nn.LayerNorm(c), nn.LayerNorm(c)
+        self.c_attn, self.attn_proj = nn.Linear(c, 3 * c), nn.Linear(c, c)
+        self.c_fc, self.mlp_proj = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (
+            z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
+            for z in self.c_attn(self.ln_1(x)).split(c, dim=2)
+        )
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.attn_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
+
+class Gpt(nn.Module):
+    """The PyTorch twin of the built-in byte-level GPT (head tied to the embedding)."""
+
+    def __init__(self, seq: int, n_layer: int, n_head: int, c: int):
+        super().__init__()
+        self.wte = nn.Parameter(torch.randn(256, c) * 0.02)
+        self.wpe = nn.Parameter(torch.randn(seq, c) * 0.02)
+        self.h = nn.ModuleList(Block(c, n_head) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(c)
+        for name, p in self.named_parameters():
+            if name.endswith("weight") and p.dim() == 2:
+                nn.init.normal_(p, std=0.02)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = F.embedding(idx, self.wte) + self.wpe[: idx.shape[1]]
+        for block in self.h:
+            x = block(x)
+        return F.linear(self.ln_f(x), self.wte)
 
 
 def headroom_bin() -> str:
@@ -117,7 +155,8 @@ def headroom_tokens_per_s(records: list[dict], a: argparse.Namespace) -> float:
 def torch_tokens_per_s(a: argparse.Namespace, precision: str) -> float:
     """The PyTorch twin: same shape, batch, threads, optimizer and clipping."""
     torch.set_num_threads(a.threads)
-    model = make_model(1337, a.seq, a.layers, a.heads, a.embd)
+    torch.manual_seed(1337)
+    model = Gpt(a.seq, a.layers, a.heads, a.embd)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -203,8 +242,9 @@ def levers(a: argparse.Namespace) -> None:
                         a2 = argparse.Namespace(**{**vars(a), "batch": b})
                         rate = headroom_tokens_per_s(recs, a2)
                 per_token = (peaks[a.batch] - peaks[a.batch // 2]) / (a.batch // 2 * a.seq)
+                # Three times the steps: the controller grows from 1 before it settles.
                 recs = run_headroom(
-                    a,
+                    argparse.Namespace(**{**vars(a), "steps": 3 * a.steps}),
                     Path(d),
                     precision=precision,
                     checkpoint=ck,
