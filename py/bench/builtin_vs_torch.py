@@ -242,6 +242,12 @@ def levers(a: argparse.Namespace) -> None:
                         a2 = argparse.Namespace(**{**vars(a), "batch": b})
                         rate = headroom_tokens_per_s(recs, a2)
                 per_token = (peaks[a.batch] - peaks[a.batch // 2]) / (a.batch // 2 * a.seq)
+                if precision not in a.settle.split(","):
+                    print(
+                        f"| {precision} | {ck} | {rate:.0f} | {peaks[a.batch] / mib:.0f} MiB | "
+                        f"{per_token * 1000 / mib:.2f} | not run |"
+                    )
+                    continue
                 # Three times the steps: the controller grows from 1 before it settles.
                 recs = run_headroom(
                     argparse.Namespace(**{**vars(a), "steps": 3 * a.steps}),
@@ -275,6 +281,12 @@ def main() -> None:
     p.add_argument("--precision", choices=["fp32", "bf16", "both"], default="both")
     p.add_argument("--budget", default="768MiB", help="levers: the controller's budget")
     p.add_argument("--effective", type=int, default=256, help="levers: the effective batch")
+    p.add_argument(
+        "--settle",
+        default="fp32,bf16",
+        help="levers: the precisions whose controller run is made (bf16 is slow on CPUs "
+        "without bf16 instructions)",
+    )
     a = p.parse_args()
     if a.layers <= 0 or a.batch < 2 or not math.isfinite(a.steps) or a.steps < 3:
         raise SystemExit("--layers, --batch >= 2 and --steps >= 3 are needed")
