@@ -33,18 +33,18 @@ fn losses(cfg: &RunConfig, data: &Dataset, steps: u64) -> Vec<f64> {
         .collect()
 }
 
-/// bf16 must train: over 40 steps the loss falls from ln(256) ≈ 5.55 as fp32's does, and
-/// the mean of the last 5 losses is within 3% of fp32's (measured: 0.2–0.6% on this model;
-/// bf16's 8-bit mantissa moves single steps by about 1%). It must also differ from fp32,
+/// bf16 must train: over 25 steps the loss falls from ln(256) ≈ 5.55 as fp32's does, and
+/// the mean of the last 5 losses is within 3% of fp32's (measured: under 0.01% after 25 steps,
+/// 0.03% after 40; the margin is for other BLAS builds). It must also differ from fp32,
 /// or the lever did nothing.
 #[test]
 fn bf16_trains_within_three_percent_of_fp32() {
     let cfg = tiny();
     let data = Dataset::load("", 0.1, cfg.data.seq_len).unwrap();
-    let fp32 = losses(&cfg, &data, 40);
+    let fp32 = losses(&cfg, &data, 25);
     let mut bf = cfg.clone();
     bf.model.precision = Precision::Bf16;
-    let bf16 = losses(&bf, &data, 40);
+    let bf16 = losses(&bf, &data, 25);
     let tail = |l: &[f64]| l[l.len() - 5..].iter().sum::<f64>() / 5.0;
     let (a, b) = (tail(&fp32), tail(&bf16));
     assert!(a < 0.75 * fp32[0], "fp32 did not train: {fp32:?}");
