@@ -53,6 +53,14 @@ pub struct TrainArgs {
     /// libtorch intra-op threads (0: one per core); fewer can be faster on a busy machine
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// Compute precision: fp32, or bf16 (autocast-style: matmuls and attention in
+    /// bfloat16, weights and optimizer state in float32); may change on --resume
+    #[arg(long, value_name = "fp32|bf16")]
+    pub precision: Option<headroom_core::Precision>,
+    /// Activation checkpointing: none, blocks (every block recomputes its activations in
+    /// backward) or every:N (every N-th block); may change on --resume
+    #[arg(long, value_name = "none|blocks|every:N")]
+    pub activation_checkpoint: Option<headroom_core::Checkpointing>,
     /// No dashboard: progress lines on stderr (automatic when stdout is not a terminal)
     #[arg(long)]
     pub headless: bool,
@@ -198,6 +206,14 @@ impl TrainArgs {
         if let Some(n) = self.threads {
             cfg.run.threads = n;
         }
+        // Both levers change memory and speed, not the model or its data: a resume may
+        // change them (the trainer says so).
+        if let Some(p) = self.precision {
+            cfg.model.precision = p;
+        }
+        if let Some(c) = self.activation_checkpoint {
+            cfg.model.checkpoint = c;
+        }
         if let Some(n) = self.checkpoint_every {
             cfg.run.checkpoint_every = n;
         }
@@ -292,6 +308,26 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("stop or checkpoint"), "{err}");
+    }
+
+    #[test]
+    fn lever_flags_override_the_config_and_may_change_on_resume() {
+        use headroom_core::{Checkpointing, Precision};
+        let a = args(&["--precision", "bf16", "--activation-checkpoint", "every:2"]);
+        for resumed in [None, Some(RunConfig::default())] {
+            let cfg = a.resolve(resumed).unwrap();
+            assert_eq!(cfg.model.precision, Precision::Bf16);
+            assert_eq!(cfg.model.checkpoint, Checkpointing::Every(2));
+        }
+        for (flag, value, needle) in [
+            ("--precision", "fp16", "fp32 or bf16"),
+            ("--activation-checkpoint", "every:0", "every:N"),
+        ] {
+            let err = Cli::try_parse_from(["headroom", "train", flag, value])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(needle), "{err}");
+        }
     }
 
     #[test]

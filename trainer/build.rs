@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 fn main() {
     println!("cargo:rerun-if-changed=shim/alloc_shim.cpp");
+    println!("cargo:rerun-if-changed=shim/compute_shim.cpp");
     // torch-sys (links = "tch") publishes the lib dir it linked against; reading it keeps
     // our shim and tch on the very same libtorch, whichever way it was provisioned.
     let lib = PathBuf::from(
@@ -24,6 +25,7 @@ fn main() {
         .define("GLOG_USE_GLOG_EXPORT", None)
         .warnings(false)
         .file("shim/alloc_shim.cpp")
+        .file("shim/compute_shim.cpp")
         .compile("headroom_alloc_shim");
 
     // Downstream build scripts read these as DEP_HEADROOM_SHIM_*; link args do not

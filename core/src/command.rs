@@ -2,6 +2,7 @@
 //! message carrying the value the trainer applied, so the screen shows confirmed state.
 use serde::{Deserialize, Serialize};
 
+use crate::config::{Checkpointing, Precision};
 use crate::policy::{Profile, Thresholds};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -28,4 +29,10 @@ pub enum Command {
     Unpin,
     /// Return cached allocator memory to the device now. Answered by `CommandApplied`.
     FreeCache,
+    /// Compute the built-in model in this precision from the next step. Answered by
+    /// `CommandApplied`; once a step has run with it, a `lever` notice gives its peak
+    /// against the last step's before the switch (the memory it freed).
+    SetPrecision { precision: Precision },
+    /// Activation checkpointing from the next step; answered as [`Command::SetPrecision`].
+    SetCheckpointing { checkpoint: Checkpointing },
 }

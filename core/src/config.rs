@@ -181,6 +181,18 @@ pub struct ModelSection {
     pub n_embd: usize,
     /// Share the token embedding with the output head.
     pub tie_weights: bool,
+    /// What the matmuls compute in (`--precision`): `fp32`, or `bf16` autocast-style
+    /// (linear layers and attention in bfloat16; master weights, AdamW moments, the loss
+    /// and the norms' statistics in float32).
+    pub precision: Precision,
+    /// Which blocks recompute their activations in backward instead of keeping them
+    /// (`--activation-checkpoint`): `none`, `blocks` (every block) or `every:N` (every
+    /// N-th block).
+    pub checkpoint: Checkpointing,
+    /// CUDA runs in fp32: let matmuls and convolutions use TF32 tensor cores (about 10
+    /// mantissa bits per product, float32 accumulation), as PyTorch's
+    /// `set_float32_matmul_precision("high")`. No effect on the CPU.
+    pub tf32: bool,
 }
 
 impl Default for ModelSection {
@@ -190,6 +202,106 @@ impl Default for ModelSection {
             n_head: 4,
             n_embd: 128,
             tie_weights: true,
+            precision: Precision::Fp32,
+            checkpoint: Checkpointing::None,
+            tf32: true,
+        }
+    }
+}
+
+/// The compute precision of the built-in model (see [`ModelSection::precision`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    #[default]
+    Fp32,
+    Bf16,
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "fp32" | "float32" => Ok(Precision::Fp32),
+            "bf16" | "bfloat16" => Ok(Precision::Bf16),
+            other => Err(format!("{other:?} is not a precision; use fp32 or bf16")),
+        }
+    }
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Precision::Fp32 => "fp32",
+            Precision::Bf16 => "bf16",
+        })
+    }
+}
+
+/// Activation checkpointing of the built-in model (see [`ModelSection::checkpoint`]):
+/// written `none`, `blocks` or `every:N` in configs and on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(try_from = "String", into = "String")]
+pub enum Checkpointing {
+    #[default]
+    None,
+    /// Every block recomputes its activations in backward.
+    Blocks,
+    /// Blocks 0, N, 2N, ... recompute theirs; the others keep them (N ≥ 1).
+    Every(usize),
+}
+
+impl Checkpointing {
+    /// Whether block `i` (0-based) recomputes its activations in backward.
+    pub fn recomputes(&self, i: usize) -> bool {
+        match *self {
+            Checkpointing::None => false,
+            Checkpointing::Blocks => true,
+            Checkpointing::Every(n) => i.is_multiple_of(n.max(1)),
+        }
+    }
+
+    pub fn is_on(&self) -> bool {
+        *self != Checkpointing::None
+    }
+}
+
+impl std::str::FromStr for Checkpointing {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim().to_ascii_lowercase();
+        let bad =
+            || format!("{s:?} is not a checkpointing mode; use none, blocks or every:N (N ≥ 1)");
+        match t.as_str() {
+            "none" | "off" => Ok(Checkpointing::None),
+            "blocks" | "all" => Ok(Checkpointing::Blocks),
+            _ => match t.strip_prefix("every:").map(|n| n.trim().parse::<usize>()) {
+                Some(Ok(n)) if n >= 1 => Ok(Checkpointing::Every(n)),
+                _ => Err(bad()),
+            },
+        }
+    }
+}
+
+impl TryFrom<String> for Checkpointing {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<Checkpointing> for String {
+    fn from(c: Checkpointing) -> String {
+        c.to_string()
+    }
+}
+
+impl fmt::Display for Checkpointing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Checkpointing::None => f.write_str("none"),
+            Checkpointing::Blocks => f.write_str("blocks"),
+            Checkpointing::Every(n) => write!(f, "every:{n}"),
         }
     }
 }
@@ -278,6 +390,10 @@ pub struct MemorySection {
     pub min_micro_batch: usize,
     /// 0 means the effective batch (the micro-batch never exceeds it).
     pub max_micro_batch: usize,
+    /// Built-in trainer: when even the smallest micro-batch runs out of memory, turn
+    /// activation checkpointing on (`model.checkpoint = "blocks"`) and retry the step,
+    /// instead of stopping. Off by default: it changes the run's speed unasked.
+    pub auto_checkpoint: bool,
 }
 
 impl Default for MemorySection {
@@ -290,6 +406,7 @@ impl Default for MemorySection {
             adaptive: true,
             min_micro_batch: 1,
             max_micro_batch: 0,
+            auto_checkpoint: false,
         }
     }
 }
@@ -890,6 +1007,33 @@ mod tests {
         c.data.min_seq_len = 65;
         let err = c.validate().unwrap_err().to_string();
         assert!(err.contains("data.min_seq_len"), "{err}");
+    }
+
+    #[test]
+    fn precision_and_checkpointing_parse_and_bad_values_name_the_choices() {
+        let c = parse("[model]\nprecision = \"bf16\"\ncheckpoint = \"every:2\"\n").unwrap();
+        assert_eq!(c.model.precision, Precision::Bf16);
+        assert_eq!(c.model.checkpoint, Checkpointing::Every(2));
+        assert!(c.model.checkpoint.recomputes(0) && !c.model.checkpoint.recomputes(1));
+        assert!(c.model.checkpoint.recomputes(4));
+        // Written back as it was read: a checkpoint's state.json round-trips.
+        assert_eq!(parse(&c.to_toml()).unwrap(), c);
+        let c = parse("[model]\ncheckpoint = \"blocks\"\n").unwrap();
+        assert!((0..5).all(|i| c.model.checkpoint.recomputes(i)));
+        for bad in ["every:0", "every:x", "some"] {
+            let err = parse(&format!("[model]\ncheckpoint = \"{bad}\"\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("none, blocks or every:N"), "{err}");
+        }
+        let err = parse("[model]\nprecision = \"fp16\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("fp16"), "{err}");
+        assert!("fp16"
+            .parse::<Precision>()
+            .unwrap_err()
+            .contains("fp32 or bf16"));
     }
 
     #[test]

@@ -15,7 +15,7 @@ pub mod units;
 
 pub use bus::{Bus, BusReceivers, SinkLosses};
 pub use command::Command;
-pub use config::{ConfigError, DeviceChoice, OnUserSignal, RunConfig};
+pub use config::{Checkpointing, ConfigError, DeviceChoice, OnUserSignal, Precision, RunConfig};
 pub use hints::{Hint, HintEngine, HintKind, MemoryParts};
 pub use record::{BadRecord, Record};
 pub use segments::{BlockRun, Segment, SegmentMap};

@@ -218,6 +218,14 @@ impl NativeRun {
                 None => self.applied(cmd, "refused: a watch-only run has no micro-batch".into()),
             },
             Command::Checkpoint | Command::FreeCache => return Some(cmd),
+            // A Python run's precision and checkpointing are its script's (autocast,
+            // torch.utils.checkpoint): nothing here can change them.
+            Command::SetPrecision { .. } | Command::SetCheckpointing { .. } => self.applied(
+                cmd,
+                "refused: a Python run's precision and activation checkpointing are set by \
+                 its script"
+                    .into(),
+            ),
         }
         None
     }

@@ -2,11 +2,13 @@
 //! of its own that owns every tensor.
 pub mod alloc_stats;
 pub mod checkpoint;
+pub mod compute;
 pub mod data;
 pub mod device;
 pub mod digest;
 pub mod heap_watch;
 pub mod journal;
+pub mod levers;
 pub mod model;
 pub mod oom;
 pub mod optim;

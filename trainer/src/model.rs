@@ -5,12 +5,21 @@
 //! Every forward op is a fallible `f_*` call so that an out-of-memory error on a GPU comes
 //! back as a `TchError` the trainer can act on instead of a panic. There is no dropout:
 //! a run must be reproducible from its seed.
+//!
+//! Two levers trade compute for memory. bf16 casts the operands of every linear layer
+//! and of attention to bfloat16, as `torch.autocast` does: the parameters stay float32
+//! (the casts' backward brings their gradients back to float32), LayerNorm and the loss
+//! run in float32, and the residual stream stays float32 (a float32 tensor plus a
+//! bfloat16 one is float32). Activation checkpointing runs chosen blocks without a graph
+//! and recomputes them, with one, in backward (see [`Gpt::loss_backward`]). With fp32 and
+//! no checkpointing every op is the one this model always ran: results are bit-identical.
 use std::sync::Mutex;
 
-use headroom_core::config::ModelSection;
+use headroom_core::config::{Checkpointing, ModelSection, Precision};
 use tch::nn::{self, Init};
 use tch::{Device, Kind, Reduction, TchError, Tensor};
 
+use crate::compute;
 use crate::data::VOCAB_SIZE;
 
 const LN_EPS: f64 = 1e-5;
@@ -48,8 +57,30 @@ impl Linear {
         })
     }
 
-    fn forward(&self, xs: &Tensor) -> Result<Tensor, TchError> {
-        xs.f_linear(&self.weight, Some(&self.bias))
+    /// In `kind`: float32 runs the one op it always did; bfloat16 casts the input, the
+    /// weight and the bias first.
+    fn forward(&self, xs: &Tensor, kind: Kind) -> Result<Tensor, TchError> {
+        if kind == Kind::Float {
+            return xs.f_linear(&self.weight, Some(&self.bias));
+        }
+        cast(xs, kind)?.f_linear(&cast(&self.weight, kind)?, Some(&cast(&self.bias, kind)?))
+    }
+}
+
+/// `t` in `kind`, without a copy when it already is.
+fn cast(t: &Tensor, kind: Kind) -> Result<Tensor, TchError> {
+    if t.kind() == kind {
+        Ok(t.shallow_clone())
+    } else {
+        t.f_to_kind(kind)
+    }
+}
+
+/// The kind linear layers and attention compute in.
+fn compute_kind(p: Precision) -> Kind {
+    match p {
+        Precision::Fp32 => Kind::Float,
+        Precision::Bf16 => Kind::BFloat16,
     }
 }
 
@@ -74,9 +105,11 @@ impl Block {
         })
     }
 
-    fn forward(&self, xs: &Tensor, n_head: i64) -> Result<Tensor, TchError> {
+    /// `xs` is the float32 residual stream; the linear layers and attention compute in
+    /// `kind`, and what they add to the stream is promoted back to float32.
+    fn forward(&self, xs: &Tensor, n_head: i64, kind: Kind) -> Result<Tensor, TchError> {
         let (b, t, c) = xs.size3()?;
-        let qkv = self.c_attn.forward(&self.ln_1.forward(xs)?)?;
+        let qkv = self.c_attn.forward(&self.ln_1.forward(xs)?, kind)?;
         let parts = qkv.f_split(c, 2)?;
         let heads = |x: &Tensor| -> Result<Tensor, TchError> {
             x.f_view([b, t, n_head, c / n_head])?.f_transpose(1, 2)
@@ -93,12 +126,12 @@ impl Block {
             false,
         )?;
         let att = att.f_transpose(1, 2)?.f_contiguous()?.f_view([b, t, c])?;
-        let xs = xs.f_add(&self.attn_proj.forward(&att)?)?;
+        let xs = xs.f_add(&self.attn_proj.forward(&att, kind)?)?;
         let h = self
             .c_fc
-            .forward(&self.ln_2.forward(&xs)?)?
+            .forward(&self.ln_2.forward(&xs)?, kind)?
             .f_gelu("none")?;
-        xs.f_add(&self.mlp_proj.forward(&h)?)
+        xs.f_add(&self.mlp_proj.forward(&h, kind)?)
     }
 }
 
@@ -115,6 +148,8 @@ pub struct Gpt {
     seq_len: i64,
     /// Where the parameters live (the VarStore's own idea stays CPU: it built them).
     device: Device,
+    precision: Precision,
+    checkpoint: Checkpointing,
 }
 
 fn normal() -> Init {
@@ -142,6 +177,8 @@ impl Gpt {
             tch::manual_seed(seed as i64);
             Gpt::init(cfg, seq_len)?
         };
+        model.precision = cfg.precision;
+        model.checkpoint = cfg.checkpoint;
         if device != Device::Cpu {
             let _guard = tch::no_grad_guard();
             for (_, mut var) in model.vs.variables() {
@@ -180,7 +217,28 @@ impl Gpt {
             n_head: cfg.n_head as i64,
             seq_len: seq_len as i64,
             device: Device::Cpu,
+            precision: Precision::Fp32,
+            checkpoint: Checkpointing::None,
         })
+    }
+
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    /// Takes effect at the next forward: the parameters and the optimizer state do not
+    /// change (they are float32 either way).
+    pub fn set_precision(&mut self, p: Precision) {
+        self.precision = p;
+    }
+
+    pub fn checkpointing(&self) -> Checkpointing {
+        self.checkpoint
+    }
+
+    /// Takes effect at the next forward.
+    pub fn set_checkpointing(&mut self, c: Checkpointing) {
+        self.checkpoint = c;
     }
 
     pub fn var_store(&self) -> &nn::VarStore {
@@ -226,8 +284,18 @@ impl Gpt {
             .sum()
     }
 
-    /// Logits `[B, T, 256]` for byte indices `[B, T]` (T at most the model's seq_len).
+    /// Logits `[B, T, 256]` for byte indices `[B, T]` (T at most the model's seq_len);
+    /// bfloat16 under bf16.
     pub fn forward(&self, idx: &Tensor) -> Result<Tensor, TchError> {
+        let mut xs = self.embed(idx)?;
+        for block in &self.blocks {
+            xs = self.block(block, &xs)?;
+        }
+        self.head(&xs)
+    }
+
+    /// Token plus position embeddings: the float32 residual stream's start.
+    fn embed(&self, idx: &Tensor) -> Result<Tensor, TchError> {
         let (_, t) = idx.size2()?;
         if t > self.seq_len {
             return Err(TchError::Shape(format!(
@@ -237,13 +305,21 @@ impl Gpt {
         }
         let tok = Tensor::f_embedding(&self.wte, idx, -1, false, false)?;
         let pos = self.wpe.f_narrow(0, 0, t)?;
-        let mut xs = tok.f_add(&pos)?;
-        for block in &self.blocks {
-            xs = block.forward(&xs, self.n_head)?;
-        }
-        let xs = self.ln_f.forward(&xs)?;
+        tok.f_add(&pos)
+    }
+
+    fn block(&self, block: &Block, xs: &Tensor) -> Result<Tensor, TchError> {
+        block.forward(xs, self.n_head, compute_kind(self.precision))
+    }
+
+    /// The final LayerNorm and the output head.
+    fn head(&self, xs: &Tensor) -> Result<Tensor, TchError> {
+        let xs = self.ln_f.forward(xs)?;
         let head = self.lm_head.as_ref().unwrap_or(&self.wte);
-        xs.f_linear(head, None::<Tensor>)
+        match compute_kind(self.precision) {
+            Kind::Float => xs.f_linear(head, None::<Tensor>),
+            kind => cast(&xs, kind)?.f_linear(&cast(head, kind)?, None::<Tensor>),
+        }
     }
 
     /// Cross-entropy of the next-byte predictions, mean or sum over all tokens.
@@ -253,18 +329,85 @@ impl Gpt {
         targets: &Tensor,
         reduction: Reduction,
     ) -> Result<Tensor, TchError> {
-        let logits = self.forward(idx)?;
-        logits
-            .f_view([-1, VOCAB_SIZE])?
-            .f_to_kind(Kind::Float)?
-            .f_cross_entropy_loss(
-                &targets.f_reshape([-1])?,
-                None::<Tensor>,
-                reduction,
-                -100,
-                0.0,
-            )
+        cross_entropy(&self.forward(idx)?, targets, reduction)
     }
+
+    /// Forward and backward of one micro-batch: the gradients of `scale` × its mean loss
+    /// are added to the parameters' `.grad`. Returns that scaled loss, detached.
+    ///
+    /// With checkpointing, libtorch's C++ API has no helper, so this is one: the forward
+    /// runs each recomputed block without a graph and keeps only its input; the head's
+    /// backward yields the gradient of the last block's output; walking the blocks back,
+    /// a recomputed block is run again with a graph from its kept input, and each block's
+    /// output is given its upstream gradient ([`compute::backward_with`]), which yields
+    /// the gradient of its input for the block before. The embeddings' output takes the
+    /// last one. Only one recomputed block's activations exist at a time.
+    pub fn loss_backward(
+        &self,
+        idx: &Tensor,
+        targets: &Tensor,
+        scale: f64,
+    ) -> Result<Tensor, TchError> {
+        if !self.checkpoint.is_on() {
+            let loss = self
+                .loss(idx, targets, Reduction::Mean)?
+                .f_mul_scalar(scale)?;
+            loss.f_backward()?;
+            return loss.f_detach();
+        }
+        let x0 = self.embed(idx)?;
+        // Per block: its input (a leaf, so backward stops there and leaves its gradient),
+        // and its output with a graph when the block keeps its activations.
+        let mut saved: Vec<(Tensor, Option<Tensor>)> = Vec::with_capacity(self.blocks.len());
+        let mut xs = x0.f_detach()?;
+        for (i, block) in self.blocks.iter().enumerate() {
+            let input = xs.f_set_requires_grad(true)?;
+            let (out, kept) = if self.checkpoint.recomputes(i) {
+                let _no_graph = tch::no_grad_guard();
+                (self.block(block, &input)?, None)
+            } else {
+                let out = self.block(block, &input)?;
+                (out.f_detach()?, Some(out))
+            };
+            saved.push((input, kept));
+            xs = out;
+        }
+        let last = xs.f_set_requires_grad(true)?;
+        let loss =
+            cross_entropy(&self.head(&last)?, targets, Reduction::Mean)?.f_mul_scalar(scale)?;
+        loss.f_backward()?;
+        let mut grad = last.f_grad()?;
+        drop(last);
+        for ((input, kept), block) in saved.into_iter().zip(&self.blocks).rev() {
+            let out = match kept {
+                Some(out) => out,
+                None => self.block(block, &input)?,
+            };
+            compute::backward_with(&out, &grad)?;
+            grad = input.f_grad()?;
+        }
+        compute::backward_with(&x0, &grad)?;
+        loss.f_detach()
+    }
+}
+
+/// Mean or summed cross-entropy of `logits` `[B, T, 256]` against `targets` `[B, T]`, in
+/// float32 whatever the logits' kind.
+fn cross_entropy(
+    logits: &Tensor,
+    targets: &Tensor,
+    reduction: Reduction,
+) -> Result<Tensor, TchError> {
+    logits
+        .f_view([-1, VOCAB_SIZE])?
+        .f_to_kind(Kind::Float)?
+        .f_cross_entropy_loss(
+            &targets.f_reshape([-1])?,
+            None::<Tensor>,
+            reduction,
+            -100,
+            0.0,
+        )
 }
 
 #[cfg(test)]
@@ -278,6 +421,7 @@ mod tests {
             n_head: 2,
             n_embd: 16,
             tie_weights,
+            ..Default::default()
         }
     }
 

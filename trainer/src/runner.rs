@@ -15,6 +15,7 @@ use std::time::Instant;
 use std::collections::BTreeSet;
 
 use crossbeam_channel::{bounded, Receiver, TryRecvError};
+use headroom_core::config::{Checkpointing, Precision};
 use headroom_core::policy::{
     ControllerConfig, Decision, Profile, StepObservation, Thresholds, Upcoming, ALLOCATOR_NOISE,
     RSS_NOISE,
@@ -32,6 +33,7 @@ use crate::data::{DataError, Dataset};
 use crate::device::{self, DeviceError};
 use crate::heap_watch::{self, HeapWatch};
 use crate::journal::{Call, ControllerJournal, Journaled};
+use crate::levers::{Measured, PendingSwitch};
 use crate::model::Gpt;
 use crate::oom;
 use crate::optim::{AdamW, AdamWConfig};
@@ -341,6 +343,41 @@ fn schedule_change(now: &RunConfig, then: &RunConfig, step: u64) -> Option<Notic
     ))
 }
 
+/// A resume with another precision or checkpointing says so: the checkpoint holds float32
+/// weights and moments either way, so it loads, but the steps after it are computed
+/// differently from those before it.
+fn lever_changes(now: &RunConfig, then: &RunConfig, step: u64) -> Vec<Notice> {
+    let (a, b) = (&then.model, &now.model);
+    let mut out = Vec::new();
+    if a.precision != b.precision {
+        out.push(Notice::new(
+            Level::Warn,
+            "model",
+            format!(
+                "resuming in {} a run trained in {} up to step {step}: the checkpoint's \
+                 float32 weights and moments load as they are, and the steps from {} on \
+                 compute in {}",
+                b.precision,
+                a.precision,
+                step + 1,
+                b.precision
+            ),
+        ));
+    }
+    if a.checkpoint != b.checkpoint {
+        out.push(Notice::new(
+            Level::Info,
+            "model",
+            format!(
+                "activation checkpointing is {} (it was {} up to step {step}): memory per \
+                 sequence changes, what is learned does not",
+                b.checkpoint, a.checkpoint
+            ),
+        ));
+    }
+    out
+}
+
 /// Refuses a model that cannot train in the memory there is, before building it: a huge
 /// config would otherwise allocate until the machine swaps, or die in libtorch.
 fn check_model_fits(cfg: &RunConfig, device: Device) -> Result<(), TrainError> {
@@ -596,6 +633,10 @@ struct Trainer {
     stop: StopSwitch,
     /// Commands that arrived during a step, carried out at its end.
     pending: std::collections::VecDeque<Command>,
+    /// The last completed step's measured peak, for what a lever switch frees.
+    last_measured: Option<Measured>,
+    /// A precision or checkpointing switch waiting for its first step.
+    switch: Option<PendingSwitch>,
 }
 
 impl Trainer {
@@ -615,6 +656,14 @@ impl Trainer {
         let device = device::resolve(choice, bus)?;
         if cfg.run.threads > 0 {
             tch::set_num_threads(cfg.run.threads as i32);
+        }
+        if let Device::Cuda(_) = device {
+            crate::compute::set_tf32(cfg.model.tf32).map_err(|e| {
+                TrainError::Torch(format!(
+                    "setting model.tf32 failed: {}",
+                    first_line(&e.to_string())
+                ))
+            })?;
         }
         check_model_fits(&cfg, device)?;
         let resumed = opts.resume.as_deref().map(checkpoint::load).transpose()?;
@@ -664,6 +713,7 @@ impl Trainer {
                 if let Some(n) = schedule_change(&cfg, &ck.state.config, ck.state.step) {
                     notices.push(n);
                 }
+                notices.extend(lever_changes(&cfg, &ck.state.config, ck.state.step));
                 if ck.state.seed != cfg.run.seed {
                     bus.send(Telemetry::Notice(Notice::new(
                         Level::Warn,
@@ -780,6 +830,8 @@ impl Trainer {
             heap: HeapWatch::default(),
             stop: opts.stop,
             pending: Default::default(),
+            last_measured: None,
+            switch: None,
         })
     }
 
@@ -1203,6 +1255,16 @@ impl Trainer {
         self.controller.set_limit(limit);
         let usage = peak as f64 / limit as f64;
         self.memory.note_peak(peak, limit, usage);
+        let measured = Measured {
+            step: plan.step,
+            peak,
+            micro_batch: plan.micro_batch,
+            seq_len: plan.seq_len,
+        };
+        if let Some(switch) = self.switch.take() {
+            bus.send(Telemetry::Notice(switch.outcome(measured)));
+        }
+        self.last_measured = Some(measured);
         bus.send(Telemetry::StepMemory(StepMemory {
             step: plan.step,
             micro_batch: plan.micro_batch,
@@ -1251,6 +1313,22 @@ impl Trainer {
         if outcome.retry_with.is_some() {
             return Ok(());
         }
+        if self.cfg.memory.auto_checkpoint && !self.model.checkpointing().is_on() {
+            // The smallest micro-batch does not fit: recomputing the blocks' activations
+            // may make it fit, which beats stopping (the user opted in).
+            self.switch_checkpointing(Checkpointing::Blocks, "controller");
+            bus.send(Telemetry::Notice(Notice::new(
+                Level::Warn,
+                "memory",
+                format!(
+                    "step {} ran out of memory at the smallest micro-batch ({} × {} tokens): \
+                     activation checkpointing is now on (memory.auto_checkpoint) and the step \
+                     is retried",
+                    plan.step, plan.micro_batch, plan.seq_len
+                ),
+            )));
+            return Ok(());
+        }
         let saved = match self.checkpoint(bus) {
             Ok(path) => format!(
                 "the state after step {} is saved at {}",
@@ -1268,6 +1346,46 @@ impl Trainer {
             plan.micro_batch,
             plan.seq_len
         ))
+    }
+
+    /// A precision switch, from the next step on; what the run's checkpoints record too.
+    fn switch_precision(&mut self, to: Precision, source: &'static str) -> Option<String> {
+        let was = self.model.precision();
+        if was == to {
+            return None;
+        }
+        self.model.set_precision(to);
+        self.cfg.model.precision = to;
+        Some(self.note_switch(format!("precision {was} → {to}"), source))
+    }
+
+    /// An activation-checkpointing switch, from the next step on.
+    fn switch_checkpointing(&mut self, to: Checkpointing, source: &'static str) -> Option<String> {
+        let was = self.model.checkpointing();
+        if was == to {
+            return None;
+        }
+        self.model.set_checkpointing(to);
+        self.cfg.model.checkpoint = to;
+        Some(self.note_switch(format!("activation checkpointing {was} → {to}"), source))
+    }
+
+    /// Waits for the next step's peak to say what the switch freed; two switches before
+    /// one step are said together, against the peak before the first.
+    fn note_switch(&mut self, what: String, source: &'static str) -> String {
+        let text = format!("{what} from step {}", self.step + 1);
+        self.switch = Some(match self.switch.take() {
+            Some(earlier) => PendingSwitch {
+                what: format!("{}, {what}", earlier.what),
+                ..earlier
+            },
+            None => PendingSwitch {
+                what,
+                source,
+                before: self.last_measured,
+            },
+        });
+        text
     }
 
     /// Carries out the controller's decisions and reports each with its numbers.
@@ -1510,6 +1628,20 @@ impl Trainer {
                         cmd,
                         "micro-batch unpinned; the controller resizes again".into(),
                     );
+                }
+                Command::SetPrecision { precision } => {
+                    let text = self
+                        .switch_precision(precision, "command")
+                        .unwrap_or_else(|| format!("precision is already {precision}"));
+                    applied(bus, cmd, text);
+                }
+                Command::SetCheckpointing { checkpoint } => {
+                    let text = self
+                        .switch_checkpointing(checkpoint, "command")
+                        .unwrap_or_else(|| {
+                            format!("activation checkpointing is already {checkpoint}")
+                        });
+                    applied(bus, cmd, text);
                 }
                 Command::FreeCache => {
                     let (what, before) = oom::held(self.device);

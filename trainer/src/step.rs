@@ -107,11 +107,8 @@ pub fn train_step_until(
         let (x, y) = data.train_batch(plan.seed, plan.step, first, len, plan.seq_len, device)?;
         // Each micro-batch's mean weighted by its share of the batch: the gradients then
         // sum to exactly the full batch's mean gradient, uneven last micro-batch included.
-        let loss = model
-            .loss(&x, &y, Reduction::Mean)?
-            .f_mul_scalar(len as f64 / e as f64)?;
-        loss.f_backward()?;
-        loss_sum = loss_sum.f_add(&loss.f_detach()?)?;
+        let loss = model.loss_backward(&x, &y, len as f64 / e as f64)?;
+        loss_sum = loss_sum.f_add(&loss)?;
         first += len;
         if plan.inject_oom {
             return Err(oom::provoke(device));

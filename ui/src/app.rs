@@ -16,6 +16,7 @@ use crate::job::{rank_of_name, JobView};
 use crate::keys::{dashboard_context, Action, KeyContext};
 use crate::mode::{LinkView, Mode, ReplayView};
 use crate::policy::{is_refusal, PolicyState};
+use headroom_core::config::{Checkpointing, ModelSection, Precision};
 
 /// Points kept per chart; halving keeps the whole run in this budget.
 const HISTORY_POINTS: usize = 512;
@@ -599,6 +600,23 @@ impl App {
             Action::DoubleBatch => self.pin_at(|n| n.saturating_mul(2)),
             Action::HalveBatch => self.pin_at(|n| n / 2),
             Action::FreeCache if self.takes_commands() => Reaction::Send(Command::FreeCache),
+            Action::TogglePrecision if self.takes_commands() => {
+                self.toggle_lever(|m| Command::SetPrecision {
+                    precision: match m.precision {
+                        Precision::Fp32 => Precision::Bf16,
+                        Precision::Bf16 => Precision::Fp32,
+                    },
+                })
+            }
+            Action::ToggleCheckpointing if self.takes_commands() => {
+                self.toggle_lever(|m| Command::SetCheckpointing {
+                    checkpoint: if m.checkpoint.is_on() {
+                        Checkpointing::None
+                    } else {
+                        Checkpointing::Blocks
+                    },
+                })
+            }
             Action::StopRun if self.mode.is_attached() && self.takes_commands() => {
                 self.confirm_stop = true;
                 self.show_help = false;
@@ -616,13 +634,42 @@ impl App {
             Action::EditThresholds
             | Action::CycleProfile
             | Action::FreeCache
+            | Action::TogglePrecision
+            | Action::ToggleCheckpointing
             | Action::SelectThreshold(_)
             | Action::AdjustThreshold(_)
             | Action::ApplyThresholds => Reaction::Nothing,
         }
     }
 
+    /// The command that flips a lever of the built-in model, from the settings the run
+    /// started with and the switches it confirmed since.
+    fn toggle_lever(&mut self, flip: impl Fn(&ModelSection) -> Command) -> Reaction {
+        match self.info.as_ref().and_then(|i| i.config.as_ref()) {
+            Some(cfg) => Reaction::Send(flip(&cfg.model)),
+            None => {
+                self.log(
+                    Level::Warn,
+                    "this run's precision and checkpointing are its script's, not headroom's",
+                );
+                Reaction::Nothing
+            }
+        }
+    }
+
     fn command_applied(&mut self, t: f64, command: &Command, applied: &str) {
+        let model = self
+            .info
+            .as_mut()
+            .and_then(|i| i.config.as_mut())
+            .map(|c| &mut c.model);
+        if let (false, Some(model)) = (is_refusal(applied), model) {
+            match command {
+                Command::SetPrecision { precision } => model.precision = *precision,
+                Command::SetCheckpointing { checkpoint } => model.checkpoint = *checkpoint,
+                _ => {}
+            }
+        }
         if !is_refusal(applied) {
             if !self.merge_answer(t, command, applied) {
                 self.log_t(t, Level::Info, applied);
@@ -891,6 +938,8 @@ fn sends_command(action: Action) -> bool {
             | Action::DoubleBatch
             | Action::HalveBatch
             | Action::FreeCache
+            | Action::TogglePrecision
+            | Action::ToggleCheckpointing
             | Action::StopRun
     )
 }

@@ -42,6 +42,10 @@ pub enum Action {
     HalveBatch,
     /// Return cached allocator memory to the device.
     FreeCache,
+    /// Built-in trainer: compute in bf16 / back in fp32, from the next step.
+    TogglePrecision,
+    /// Built-in trainer: activation checkpointing of every block on / off.
+    ToggleCheckpointing,
     /// Editor: move the selection by this many thresholds (negative: left).
     SelectThreshold(i32),
     /// Editor: change the selected threshold by this many hundredths.
@@ -139,6 +143,8 @@ fn dashboard_action(code: KeyCode) -> Option<Action> {
         KeyCode::Char('+') | KeyCode::Char('=') => Some(Action::DoubleBatch),
         KeyCode::Char('-') => Some(Action::HalveBatch),
         KeyCode::Char('f') => Some(Action::FreeCache),
+        KeyCode::Char('m') => Some(Action::TogglePrecision),
+        KeyCode::Char('a') => Some(Action::ToggleCheckpointing),
         KeyCode::Char('e') => Some(Action::ToggleEvents),
         KeyCode::Char('[') => Some(Action::ShiftRank(-1)),
         KeyCode::Char(']') => Some(Action::ShiftRank(1)),
@@ -207,6 +213,16 @@ pub const BINDINGS: &[(&str, &str, &str)] = &[
         "return cached memory now (CUDA cache; CPU: heap's free pages)",
     ),
     (
+        "m",
+        "bf16",
+        "bf16 / fp32 compute from the next step (built-in trainer)",
+    ),
+    (
+        "a",
+        "recompute",
+        "activation checkpointing on / off (built-in trainer)",
+    ),
+    (
         "e",
         "events",
         "every event in full, scrollable (e or Esc closes)",
@@ -264,7 +280,7 @@ const REPLAY_KEYS: &[(&str, &str, &str)] = &[
 ];
 
 /// Keys that send commands: not offered in a replay.
-const COMMAND_KEYS: [&str; 7] = ["q", "p", "c", "t", "P", "b", "+/-"];
+const COMMAND_KEYS: [&str; 9] = ["q", "p", "c", "t", "P", "b", "+/-", "m", "a"];
 
 /// The key table of a mode, in the order the footer and the help list it.
 pub fn bindings(mode: &Mode) -> Vec<(&'static str, &'static str, &'static str)> {
@@ -363,6 +379,8 @@ mod tests {
         assert_eq!(dash(KeyCode::Char('=')), Some(Action::DoubleBatch));
         assert_eq!(dash(KeyCode::Char('-')), Some(Action::HalveBatch));
         assert_eq!(dash(KeyCode::Char('f')), Some(Action::FreeCache));
+        assert_eq!(dash(KeyCode::Char('m')), Some(Action::TogglePrecision));
+        assert_eq!(dash(KeyCode::Char('a')), Some(Action::ToggleCheckpointing));
         // Terminals report Shift-p as an upper-case P, with or without the modifier.
         assert_eq!(dash(KeyCode::Char('P')), Some(Action::CycleProfile));
         let shift_p = KeyEvent::new(KeyCode::Char('P'), KeyModifiers::SHIFT);

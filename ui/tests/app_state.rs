@@ -581,3 +581,82 @@ mod feed_time_and_modes {
         assert!(app.editor.is_none());
     }
 }
+
+/// `m` and `a` flip the built-in trainer's levers from what the run reported: the run's
+/// config at the start, then each confirmed switch. A run that reports no config (a
+/// Python run) has no levers here: the keys say so and send nothing.
+#[test]
+fn lever_keys_flip_from_the_confirmed_settings() {
+    use headroom_core::{Checkpointing, Precision};
+    let started = |config: Option<RunConfig>| {
+        let mut app = App::new("t", false);
+        app.apply(&Telemetry::RunStarted(RunInfo {
+            run_name: "r".into(),
+            device: "cpu".into(),
+            device_name: "cpu".into(),
+            parameters: 1,
+            start_step: 0,
+            total_steps: 100,
+            corpus: "c".into(),
+            train_bytes: 1,
+            val_bytes: 1,
+            config,
+        }));
+        app.apply(&Telemetry::Status {
+            status: RunStatus::Running,
+        });
+        app
+    };
+    let mut app = started(Some(RunConfig::default()));
+    let bf16 = Command::SetPrecision {
+        precision: Precision::Bf16,
+    };
+    assert_eq!(
+        app.handle(Action::TogglePrecision),
+        Reaction::Send(bf16.clone())
+    );
+    let blocks = Command::SetCheckpointing {
+        checkpoint: Checkpointing::Blocks,
+    };
+    assert_eq!(
+        app.handle(Action::ToggleCheckpointing),
+        Reaction::Send(blocks.clone())
+    );
+    // Unconfirmed, nothing changed: the same command again.
+    assert_eq!(
+        app.handle(Action::TogglePrecision),
+        Reaction::Send(bf16.clone())
+    );
+    app.apply(&Telemetry::CommandApplied {
+        command: bf16,
+        applied: "precision fp32 → bf16 from step 4".into(),
+    });
+    app.apply(&Telemetry::CommandApplied {
+        command: blocks,
+        applied: "activation checkpointing none → blocks from step 4".into(),
+    });
+    assert_eq!(
+        app.handle(Action::TogglePrecision),
+        Reaction::Send(Command::SetPrecision {
+            precision: Precision::Fp32
+        })
+    );
+    assert_eq!(
+        app.handle(Action::ToggleCheckpointing),
+        Reaction::Send(Command::SetCheckpointing {
+            checkpoint: Checkpointing::None
+        })
+    );
+    assert!(app
+        .events
+        .iter()
+        .any(|e| e.text == "precision fp32 → bf16 from step 4"));
+
+    let mut python = started(None);
+    assert_eq!(python.handle(Action::TogglePrecision), Reaction::Nothing);
+    assert!(
+        python.events[0].text.contains("its script's"),
+        "{:?}",
+        python.events[0]
+    );
+}

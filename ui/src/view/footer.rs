@@ -9,14 +9,14 @@ use crate::app::App;
 use crate::keys::bindings;
 
 /// Dashboard keys, first left out first (an attached view's `S` among the last).
-pub const SHED_ORDER: [&str; 13] = [
-    "^Z", "Esc", "w", "↑↓", "Tab", "e", "P", "f", "+/-", "[ ]", "b", "t", "S",
+pub const SHED_ORDER: [&str; 15] = [
+    "^Z", "Esc", "w", "↑↓", "Tab", "e", "a", "m", "P", "f", "+/-", "[ ]", "b", "t", "S",
 ];
 /// A replay's keys, first left out first: its own controls stay longest.
 pub const REPLAY_SHED_ORDER: [&str; 9] = ["^Z", "Esc", "w", "Tab", "↑↓", "e", "[ ]", "+/-", "G"];
 /// Dashboard keys while the event list is open: its own keys stay longest.
-pub const EVENTS_SHED_ORDER: [&str; 12] = [
-    "^Z", "w", "Tab", "[ ]", "P", "f", "+/-", "b", "t", "c", "p", "Esc",
+pub const EVENTS_SHED_ORDER: [&str; 14] = [
+    "^Z", "w", "Tab", "[ ]", "a", "m", "P", "f", "+/-", "b", "t", "c", "p", "Esc",
 ];
 /// Editor keys, first left out first.
 pub const EDITOR_SHED_ORDER: [&str; 2] = ["P", "←→"];
@@ -33,6 +33,11 @@ pub fn live(app: &App) -> Vec<(&'static str, &'static str)> {
 fn label_now(app: &App, key: &str, short: &'static str) -> Option<&'static str> {
     // Only a job has ranks to select.
     if key == "[ ]" && app.job.is_none() {
+        return None;
+    }
+    // Only the built-in trainer's run (whose config the run reports) has the levers.
+    let has_levers = app.info.as_ref().is_some_and(|i| i.config.is_some());
+    if matches!(key, "m" | "a") && !has_levers {
         return None;
     }
     let commands = app.takes_commands();
@@ -59,7 +64,16 @@ fn label_now(app: &App, key: &str, short: &'static str) -> Option<&'static str> 
             _ => None,
         },
         "b" if commands && app.policy.pinned => Some("unpin"),
-        "c" | "t" | "P" | "b" | "+/-" | "f" if !commands => None,
+        "c" | "t" | "P" | "b" | "+/-" | "f" | "m" | "a" if !commands => None,
+        // Named for where the key goes from here.
+        "m" | "a" => {
+            let model = &app.info.as_ref()?.config.as_ref()?.model;
+            Some(match key {
+                "m" if model.precision == headroom_core::Precision::Bf16 => "fp32",
+                "a" if model.checkpoint.is_on() => "keep acts",
+                _ => short,
+            })
+        }
         "Esc" if !app.show_help && !app.show_events => None,
         "e" if app.show_events => Some("close events"),
         _ => Some(short),
@@ -116,7 +130,7 @@ mod tests {
     fn everything_fits_on_a_wide_line_but_help_only_keys() {
         let all = keys(1000);
         assert_eq!(all.len(), BINDINGS.len());
-        let wide = keys(185);
+        let wide = keys(210);
         assert!(!wide.contains(&"^Z") && wide.contains(&"w"), "{wide:?}");
     }
 
