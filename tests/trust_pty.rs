@@ -21,8 +21,11 @@ fn wait_for_log(log: &Path, needle: &str, count: usize, timeout: Duration) -> bo
     false
 }
 
-/// `./dev train` as a newcomer runs it: within its first minute on a CPU the controller
-/// grows the micro-batch and accumulates to the effective batch.
+/// `./dev train` as a newcomer runs it: within its first steps on a CPU the controller
+/// grows the micro-batch and accumulates to the effective batch. The promise is in steps:
+/// on an idle 2-core machine that is well within a minute, but a minute of wall time is
+/// not a test's to hold on a shared, loaded one (it failed there at load 10), so the wait
+/// is long and the step is what is asserted.
 #[test]
 fn the_bundled_default_shows_the_controller_at_work_within_a_minute() {
     let dir = tempfile::tempdir().unwrap();
@@ -32,7 +35,7 @@ fn the_bundled_default_shows_the_controller_at_work_within_a_minute() {
     let mut pty = Pty::spawn(cmd, 120, 40);
     let log = dir.path().join("run.jsonl");
     let started = Instant::now();
-    let grown = wait_for_log(&log, "\"reason\":\"grow\"", 1, Duration::from_secs(60));
+    let grown = wait_for_log(&log, "\"reason\":\"grow\"", 1, Duration::from_secs(240));
     let elapsed = started.elapsed();
     pty.send(b"q");
     pty.send(b"q");
@@ -44,8 +47,13 @@ fn the_bundled_default_shows_the_controller_at_work_within_a_minute() {
         steps.iter().any(|s| s["accum_steps"].as_u64().unwrap() > 1),
         "no accumulation: {steps:?}"
     );
-    let first = &of_kind(&records, "decision")[0]["decision"];
+    let decision = &of_kind(&records, "decision")[0];
+    let first = &decision["decision"];
     assert_eq!(first["reason"], "grow", "{first}");
+    assert!(
+        decision["step"].as_u64().unwrap() <= 3,
+        "the first grow came at {decision} ({elapsed:?})"
+    );
     assert!(first["to"].as_u64() > first["from"].as_u64());
 }
 
