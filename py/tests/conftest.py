@@ -176,6 +176,13 @@ def die_with_parent() -> None:
     libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
 
 
+def say(text: str) -> None:
+    """Prints a line in one write: ranks share torchrun's stdout, and print's separate
+    write of the newline lets two ranks' lines interleave into one."""
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
 def spawn(
     argv: list[str], new_session: bool = False, output: Path | None = None
 ) -> subprocess.Popen:

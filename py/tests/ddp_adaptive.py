@@ -17,7 +17,7 @@ import torch.distributed as dist
 import headroom
 from headroom import _native, _torch
 
-from conftest import TinyGPT, die_with_parent
+from conftest import TinyGPT, die_with_parent, say
 
 
 class _FailInBackward(torch.autograd.Function):
@@ -140,7 +140,7 @@ def main() -> int:
         on_checkpoint=on_checkpoint if args.checkpoint else None,
         adaptive=not args.fixed,
     ) as run:
-        print(f"rank {rank} pid {os.getpid()} serving {run.name}", flush=True)
+        say(f"rank {rank} pid {os.getpid()} serving {run.name}")
         for step, (x, y) in enumerate(batches(), 1):
             if run.should_stop:
                 break

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 import headroom
 
-from conftest import TinyCNN, cnn_batches, die_with_parent
+from conftest import TinyCNN, cnn_batches, die_with_parent, say
 
 
 def main() -> int:
@@ -36,7 +36,7 @@ def main() -> int:
             opt.step()
             opt.zero_grad()
             run.report(loss, samples=8)
-        print(f"rank {rank} serving {run.name}", flush=True)
+        say(f"rank {rank} serving {run.name}")
         deadline = time.monotonic() + 120
         while not Path(args.release).exists() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -44,20 +44,20 @@ def main() -> int:
         with headroom.Run("ddp-adaptive", model=model.module, effective_batch=8) as run:
             run.backward(cnn_batches(1, 8)[0], model.module.loss)
     except headroom.RunError as e:
-        print(f"rank {rank} refused plain: {e}", flush=True)
+        say(f"rank {rank} refused plain: {e}")
     try:
         from torch.distributed.fsdp import fully_shard
 
         sharded = TinyCNN()
         fully_shard(sharded)
     except Exception as e:  # an FSDP2 this torch cannot build on a CPU: nothing to refuse
-        print(f"rank {rank} no fsdp: {type(e).__name__}: {e}", flush=True)
+        say(f"rank {rank} no fsdp: {type(e).__name__}: {e}")
     else:
         try:
             with headroom.Run("fsdp-adaptive", model=sharded, effective_batch=8) as run:
                 run.backward(cnn_batches(1, 8)[0], sharded.loss)
         except headroom.RunError as e:
-            print(f"rank {rank} refused fsdp: {e}", flush=True)
+            say(f"rank {rank} refused fsdp: {e}")
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -142,14 +143,13 @@ def _wait_for_steps(log: Path, n: int, job: subprocess.Popen, timeout: float = 1
 
 
 def _pids(job: subprocess.Popen, world: int, timeout: float = 120) -> dict[int, int]:
-    """Each rank prints `rank R pid P serving NAME` once its run serves."""
+    """Each rank prints `rank R pid P serving NAME` once its run serves. Read as a pattern,
+    not line by line: two ranks' prints interleave in the shared output (print writes the
+    text and its newline apart), e.g. `rank 1 … rank1rank 0 … rank0` then two newlines."""
     deadline = time.monotonic() + timeout
     while True:
-        pids: dict[int, int] = {}
-        for line in output(job)[0].splitlines():
-            words = line.split()
-            if len(words) >= 4 and words[0] == "rank" and words[2] == "pid":
-                pids[int(words[1])] = int(words[3])
+        found = re.findall(r"rank (\d+) pid (\d+) serving", output(job)[0])
+        pids = {int(r): int(p) for r, p in found}
         if len(pids) == world:
             return pids
         assert job.poll() is None, f"the job ended before every rank served: {output(job)}"
