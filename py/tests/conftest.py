@@ -176,6 +176,19 @@ def die_with_parent() -> None:
     libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
 
 
+def _child_setup() -> None:
+    """In the child, before exec: dies with this process, and starts with SIGINT and SIGQUIT
+    at their defaults, as a terminal's foreground job does. A suite started in the
+    background of a non-interactive shell (`cmd &`) has both ignored, an ignore that
+    every child inherits and that headroom rightly keeps (as it keeps nohup's SIGHUP),
+    so the SIGQUIT test hung there."""
+    import signal
+
+    die_with_parent()
+    for sig in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def say(text: str) -> None:
     """Prints a line in one write: ranks share torchrun's stdout, and print's separate
     write of the newline lets two ranks' lines interleave into one."""
@@ -208,7 +221,7 @@ def spawn(
             text=True,
             env=env,
             start_new_session=new_session,
-            preexec_fn=die_with_parent,
+            preexec_fn=_child_setup,
             **streams,
         )
 
