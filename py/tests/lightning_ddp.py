@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-import lightning as L
+import lightning_models
 import torch
 from lightning_models import FixedGPT, TinyAdaptive, loader
 
@@ -44,17 +44,10 @@ def main() -> int:
 
     model.net.hook = fail_some
     cb = headroom.lightning.Adaptive(log=out / f"rank{rank}.jsonl", micro_batch=3)
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = lightning_models.trainer(
+        out / "fit",
         devices=int(os.environ["LOCAL_WORLD_SIZE"]),
         strategy="ddp",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        default_root_dir=str(out / "fit"),
         callbacks=[cb],
         use_distributed_sampler=False,
     )

@@ -62,3 +62,20 @@ def loader(steps: int, n: int, seed: int = 0, t: int = 16, vocab: int = 64):
     """`steps` batches of `n` sequences, in order (the same batches every run)."""
     data = _Batches(gpt_batches(steps, n, t=t, vocab=vocab, seed=seed))
     return torch.utils.data.DataLoader(data, batch_size=n, shuffle=False)
+
+
+def trainer(root, **kw) -> L.Trainer:
+    """A quiet CPU Trainer writing under `root`; keyword arguments override."""
+    base = dict(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=str(root),
+    )
+    base.update(kw)
+    return L.Trainer(**base)

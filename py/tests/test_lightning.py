@@ -18,7 +18,7 @@ import torch
 pytest.importorskip("lightning")
 
 import lightning as L  # noqa: E402
-from lightning_models import FixedGPT, TinyAdaptive, loader  # noqa: E402
+from lightning_models import FixedGPT, TinyAdaptive, loader, trainer  # noqa: E402
 
 import headroom  # noqa: E402
 import headroom.lightning  # noqa: E402
@@ -37,22 +37,6 @@ from conftest import (  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REL = 1e-5
-
-
-def trainer(tmp_path, **kw):
-    base = dict(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        default_root_dir=str(tmp_path),
-    )
-    base.update(kw)
-    return L.Trainer(**base)
 
 
 def _same(a, b, rel=REL):
