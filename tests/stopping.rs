@@ -283,8 +283,10 @@ fn a_stop_in_a_long_step_gives_it_up_at_the_next_micro_batch_and_the_resume_matc
         "said {said_in:?} after SIGTERM, exited after {took:?}; the step would have taken \
          about {whole_step:.0} s ({abandoned})"
     );
+    // Long against the 5 s the exit is held to (17 s on an idle 2-core machine, more
+    // when it is busy: the bound is the test's precondition, not a speed).
     assert!(
-        whole_step >= 20.0,
+        whole_step >= 10.0,
         "the step is long enough to matter: {abandoned}"
     );
     assert!(took < Duration::from_secs(5), "exit {took:?} after SIGTERM");
