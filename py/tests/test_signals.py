@@ -180,7 +180,9 @@ def test_sigterm_in_a_long_step_gives_it_up_at_the_next_micro_batch_and_the_resu
         f"given up {gave_up['t'] - heard['t']:.2f} s after the signal was heard, exit "
         f"{took:.2f} s after SIGTERM; the step would have taken about {whole:.0f} s"
     )
-    assert whole >= 20, notice
+    # The precondition (a step long against the exit's bound), not a speed: an idle
+    # machine runs steps faster than a loaded one.
+    assert whole >= 10, notice
     assert gave_up["t"] - heard["t"] < 1, "given up at the next micro-batch"
     # Most of it is the interpreter's own teardown (about 2.5 s for a bare `import torch`
     # script on 2 loaded cores).
