@@ -279,7 +279,12 @@ def _paused_at(log: Path) -> str | None:
 
 
 def _shows(screen, text: str, timeout: float = 60) -> bool:
-    """Whether the screen comes to show `text`, redrawn whole each try (by a resize)."""
+    """Whether the screen comes to show `text`, redrawn whole each try (by a resize).
+
+    The key just sent is given a second to be read first: a key and a resize that reach
+    the program together leave the key unread until the next input (crossterm 0.29's
+    reader returns the resize and loses the terminal's edge-triggered readiness)."""
+    screen.pump(1.0)
     deadline = time.monotonic() + timeout
     cols = 160
     while time.monotonic() < deadline:
@@ -350,6 +355,23 @@ def test_attach_to_the_job_shows_a_row_per_rank_and_pauses_every_rank_at_one_ste
             job.kill()
     done = [json.loads((tmp_path / f"done-rank{r}.json").read_text()) for r in range(2)]
     assert done[0]["steps"] == done[1]["steps"], done
+
+    # The job's logs replayed together (in any order): rank 0's rows, and ] moves the
+    # panels to rank 1's log as it moved them to rank 1's stream.
+    pid, fd = spawn_on_pty([headroom_bin(), "replay", "--end", str(logs[1]), str(logs[0])])
+    screen = Screen(fd)
+    try:
+        assert screen.wait_for("2 ranks"), screen.data[-3000:]
+        assert screen.wait_for("panels show rank 0"), screen.data[-3000:]
+        screen.send(b"]")
+        assert _shows(screen, "panels show rank 1"), screen.data[-3000:]
+        screen.send(b"q")
+        _, status = os.waitpid(pid, 0)
+        assert os.WEXITSTATUS(status) == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.close(fd)
 
 
 def test_a_rank_that_raises_ends_every_rank_naming_it_and_why(tmp_path):

@@ -213,6 +213,8 @@ pub struct App {
     pub confirm_stop: bool,
     /// A torchrun job's rows, once rank 0 sent some, and the rank selected.
     pub job: Option<JobView>,
+    /// A replay of several ranks' logs, which can move the panels between them.
+    pub replay_has_ranks: bool,
     /// The live hints up now (raised and not yet cleared), by kind.
     pub hints: BTreeMap<HintKind, Hint>,
 }
@@ -251,6 +253,7 @@ impl App {
             replay: None,
             confirm_stop: false,
             job: None,
+            replay_has_ranks: false,
             hints: BTreeMap::new(),
         }
     }
@@ -275,6 +278,7 @@ impl App {
         // Rank 0's rows and the selection outlive a switch of the panels to another
         // rank's stream (which starts the run's state afresh).
         fresh.job = self.job.take();
+        fresh.replay_has_ranks = self.replay_has_ranks;
         *self = fresh;
     }
 
@@ -288,7 +292,7 @@ impl App {
                 }
                 self.link = LinkView::Up;
                 let text = match self.mode {
-                    Mode::Replay { .. } => format!("replaying from the start: {run_id}"),
+                    Mode::Replay { .. } => format!("replaying {run_id}"),
                     _ => format!("connected to run {run_id}"),
                 };
                 self.log(Level::Info, text);
@@ -751,7 +755,7 @@ impl App {
             self.log(Level::Warn, text);
             return Reaction::Nothing;
         }
-        if self.mode.is_replay() {
+        if self.mode.is_replay() && !self.replay_has_ranks {
             let panels = rank_of_name(&self.run_name);
             if panels != Some(rank) {
                 let shown = panels.map_or("the log's".to_string(), |p| format!("rank {p}'s"));

@@ -150,6 +150,7 @@ pub fn drive_with<B: Backend>(
         mut link,
     } = feed;
     let mut app = App::new(&opts.run_name, opts.color).with_mode(opts.mode.clone());
+    app.replay_has_ranks = opts.mode.is_replay() && select_rank.is_some();
     let frames = tick(opts.frame_interval);
     let mut clock = RunClock::default();
     let mut exit = DashboardExit::default();

@@ -108,6 +108,8 @@ pub enum ReplayControl {
     Faster,
     /// Half the speed (at least [`MIN_SPEED`]).
     Slower,
+    /// Show this rank's log in the panels (a job's replay).
+    SelectRank(u32),
 }
 
 pub const MIN_SPEED: f64 = 1.0 / 16.0;

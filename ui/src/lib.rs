@@ -22,5 +22,5 @@ pub use app::App;
 pub use event_loop::{drive, drive_with, run_dashboard, DashboardExit, DashboardOptions};
 pub use feed::{Control, Feed, Link, ReplayControl, ReplayHandle, ReplayState};
 pub use mode::Mode;
-pub use replay::{replay_feed, ReplayOptions};
+pub use replay::{replay_feed, replay_job_feed, ReplayOptions};
 pub use terminal::{install_panic_hook, NoTerminal, Suspend, TerminalGuard};

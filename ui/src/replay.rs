@@ -18,7 +18,7 @@
 //! The thread blocks on its control queue while paused or waiting, and sleeps between
 //! looks at a followed file: it never spins. It ends when the screen drops the feed.
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom};
+use std::io::{self, BufRead, BufReader, Read as _, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -30,6 +30,7 @@ use headroom_core::{BadRecord, Level, Notice, Record, Telemetry};
 use crate::feed::{
     Control, Feed, Link, ReplayControl, ReplayHandle, ReplayState, MAX_SPEED, MIN_SPEED,
 };
+use crate::job::rank_of_name;
 
 /// The longest stretch of the run's time the replay waits through between two records.
 pub const MAX_GAP_S: f64 = 2.0;
@@ -64,16 +65,38 @@ impl Default for ReplayOptions {
 /// Starts replaying the log at `path`. A missing or unreadable file is an error naming
 /// the path, and so is an empty one unless it is followed (a log just created).
 pub fn replay_feed(path: &Path, opts: ReplayOptions) -> io::Result<Feed> {
-    let named = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", path.display()));
-    let file = File::open(path).map_err(named)?;
-    let len = file.metadata().map_err(named)?.len();
-    if len == 0 && !opts.follow {
+    replay_job_feed(&[path.to_path_buf()], opts)
+}
+
+/// Starts replaying one log, or a torchrun job's logs (one per rank, any order): the
+/// rows of every rank come from rank 0's log (rank 0 alone gathers them), and the panels
+/// show one rank's log at a time, switched with the screen's rank keys. Several logs must
+/// each be a different rank's (its run is named `….rankR`).
+pub fn replay_job_feed(paths: &[PathBuf], opts: ReplayOptions) -> io::Result<Feed> {
+    let mut sources = Vec::with_capacity(paths.len());
+    let mut total = 0.0f64;
+    for path in paths {
+        let named = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", path.display()));
+        let file = File::open(path).map_err(named)?;
+        let len = file.metadata().map_err(named)?.len();
+        if len == 0 && !opts.follow {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: the log is empty: no records to replay", path.display()),
+            ));
+        }
+        total = total.max(last_time(path, len).unwrap_or(0.0));
+        sources.push(Source::new(path.clone(), file));
+    }
+    if sources.is_empty() {
         return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("{}: the log is empty: no records to replay", path.display()),
+            io::ErrorKind::InvalidInput,
+            "no log to replay: give a log written with --log (or one log per rank of a job)",
         ));
     }
-    let total = last_time(path, len).unwrap_or(0.0);
+    if sources.len() > 1 {
+        rank_sources(&mut sources)?;
+    }
     let (events_tx, events) = bounded(QUEUE);
     let (metrics_tx, metrics) = bounded(QUEUE);
     let (control_tx, control_rx) = bounded(64);
@@ -89,9 +112,27 @@ pub fn replay_feed(path: &Path, opts: ReplayOptions) -> io::Result<Feed> {
         following: opts.follow,
         ..ReplayState::default()
     }));
+    // The panels start on rank 0's log (sorted first), whose rows are the job's.
+    let job = sources.len() > 1;
+    let select_rank = job.then(|| {
+        let (select_tx, select_rx) = bounded::<u32>(16);
+        let control = control_tx.clone();
+        std::thread::Builder::new()
+            .name("replay-ranks".into())
+            .spawn(move || {
+                for rank in select_rx.iter() {
+                    if control.send(ReplayControl::SelectRank(rank)).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map(|_| select_tx)
+    });
+    let select_rank = select_rank.transpose()?;
     let mut player = Player {
-        path: path.to_path_buf(),
-        lines: Lines::new(file),
+        sources,
+        shown: 0,
+        screen: (events.clone(), metrics.clone()),
         out: Out {
             events: events_tx,
             metrics: metrics_tx,
@@ -100,7 +141,6 @@ pub fn replay_feed(path: &Path, opts: ReplayOptions) -> io::Result<Feed> {
         control: control_rx,
         state: Arc::clone(&state),
         follow: opts.follow,
-        pending: None,
         position: None,
         since: Instant::now(),
         total,
@@ -109,6 +149,7 @@ pub fn replay_feed(path: &Path, opts: ReplayOptions) -> io::Result<Feed> {
         stepping: false,
         jumping: opts.start_at_end,
         skipped: 0,
+        ended: false,
     };
     std::thread::Builder::new()
         .name("replay".into())
@@ -121,9 +162,65 @@ pub fn replay_feed(path: &Path, opts: ReplayOptions) -> io::Result<Feed> {
             control: control_tx,
             state,
         }),
-        select_rank: None,
+        select_rank,
         link,
     })
+}
+
+/// Names each of a job's logs by the rank its run says it is, rank 0 first; a log that is
+/// no rank's, or two of one rank, is an error that says what to give.
+fn rank_sources(sources: &mut [Source]) -> io::Result<()> {
+    for s in sources.iter_mut() {
+        let name = first_run_name(&s.path).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{}: no run_started record in its first lines: replay several logs only \
+                     of one torchrun job's ranks (or one log alone)",
+                    s.path.display()
+                ),
+            )
+        })?;
+        let rank = rank_of_name(&name).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{}: its run '{name}' is not a torchrun rank's (named ….rankN): replay \
+                     several logs only of one job's ranks, or replay this log alone",
+                    s.path.display()
+                ),
+            )
+        })?;
+        s.rank = Some(rank);
+    }
+    sources.sort_by_key(|s| s.rank);
+    for pair in sources.windows(2) {
+        if pair[0].rank == pair[1].rank {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} and {} are both rank {}'s: give one log per rank",
+                    pair[0].path.display(),
+                    pair[1].path.display(),
+                    pair[0].rank.unwrap_or(0)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The run's name from a log's `run_started` record, looked for in its first lines.
+fn first_run_name(path: &Path) -> Option<String> {
+    let file = File::open(path).ok()?;
+    BufReader::new(file.take(TAIL_BYTES))
+        .lines()
+        .map_while(Result::ok)
+        .take(64)
+        .find_map(|line| match Record::from_line(line.trim()).ok()?.msg {
+            Telemetry::RunStarted(info) => Some(info.run_name),
+            _ => None,
+        })
 }
 
 /// The `t` of the last record in the log's tail, if there is one. Read through a file of
@@ -209,15 +306,58 @@ impl Out {
     }
 }
 
-struct Player {
+/// One log being played: its lines, and its next record once read.
+struct Source {
     path: PathBuf,
     lines: Lines,
+    /// The next record, read but not yet due.
+    pending: Option<Record>,
+    /// Bytes of the file before `pending`'s line: what a switch of the panels to this
+    /// log delivers at once.
+    before_pending: u64,
+    /// The rank the log is of, in a job's replay.
+    rank: Option<u32>,
+}
+
+impl Source {
+    /// Bytes of the file whose records have been played (the pending one excepted).
+    fn delivered_bytes(&self) -> u64 {
+        match self.pending {
+            Some(_) => self.before_pending,
+            None => self.lines.offset - self.lines.partial.len() as u64,
+        }
+    }
+
+    fn new(path: PathBuf, file: File) -> Source {
+        Source {
+            path,
+            lines: Lines::new(file),
+            pending: None,
+            before_pending: 0,
+            rank: None,
+        }
+    }
+}
+
+/// How reading a log's next record went.
+enum Read {
+    Pending,
+    /// The end of the file (for now, when followed).
+    End,
+    /// The file could not be read (why): said, and the logs are not followed any more.
+    Failed(String),
+}
+
+struct Player {
+    sources: Vec<Source>,
+    /// The source whose records the panels show (a job's: one rank's log at a time).
+    shown: usize,
+    /// The screen's own queues, emptied of the old rank's records on a switch.
+    screen: (Receiver<Record>, Receiver<Record>),
     out: Out,
     control: Receiver<ReplayControl>,
     state: Arc<Mutex<ReplayState>>,
     follow: bool,
-    /// The next record, read but not yet due.
-    pending: Option<Record>,
     /// The replay clock at `since`; `None` before the first record.
     position: Option<f64>,
     since: Instant,
@@ -229,6 +369,8 @@ struct Player {
     /// Delivering everything left at once.
     jumping: bool,
     skipped: u64,
+    /// Every log was played to its end (not followed).
+    ended: bool,
 }
 
 impl Player {
@@ -239,38 +381,37 @@ impl Player {
 
     fn play(&mut self) -> Result<(), Gone> {
         loop {
-            let Some(rec) = self.pending.take() else {
-                if self.read_next()? {
-                    continue;
-                }
+            let Some(i) = self.earliest()? else {
                 if !self.follow {
-                    return self.finish();
+                    self.finish()?;
+                    return self.serve_ranks();
                 }
                 self.jumping = false;
                 self.stepping = false;
-                self.publish(false);
-                // Nothing to play: wait for a control or the next look at the file.
+                self.publish();
+                // Nothing to play: wait for a control or the next look at the files.
                 match self.control.recv_timeout(FOLLOW_POLL) {
-                    Ok(c) => self.obey(c),
+                    Ok(c) => self.obey(c)?,
                     Err(RecvTimeoutError::Timeout) => {}
                     Err(RecvTimeoutError::Disconnected) => return Err(Gone),
                 }
-                if self.lines.truncated(&self.path) {
+                if self.sources.iter().any(|s| s.lines.truncated(&s.path)) {
                     self.restart()?;
                 }
                 continue;
             };
-            let t = rec.t;
+            let t = self.sources[i].pending.as_ref().map_or(0.0, |r| r.t);
             self.position.get_or_insert(t);
             if self.jumping || self.stepping || t <= self.now() {
-                self.deliver(rec)?;
+                if let Some(rec) = self.sources[i].pending.take() {
+                    self.deliver(i, rec)?;
+                }
                 continue;
             }
-            self.pending = Some(rec);
             if self.paused {
-                self.publish(false);
+                self.publish();
                 match self.control.recv() {
-                    Ok(c) => self.obey(c),
+                    Ok(c) => self.obey(c)?,
                     Err(_) => return Err(Gone),
                 }
                 continue;
@@ -280,31 +421,64 @@ impl Player {
             if t - now > MAX_GAP_S {
                 self.rebase(t - MAX_GAP_S);
             }
-            self.publish(false);
+            self.publish();
             let wait = Duration::from_secs_f64(((t - self.now()) / self.speed).max(0.0));
             match self.control.recv_timeout(wait) {
-                Ok(c) => self.obey(c),
+                Ok(c) => self.obey(c)?,
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return Err(Gone),
             }
         }
     }
 
-    /// Reads until a record is pending; false at the end of the file (for now).
-    fn read_next(&mut self) -> Result<bool, Gone> {
+    /// The source whose pending record comes first (reading where none is pending);
+    /// `None` when every log is at its end (for now).
+    fn earliest(&mut self) -> Result<Option<usize>, Gone> {
+        let mut best: Option<(usize, f64)> = None;
+        for i in 0..self.sources.len() {
+            if self.sources[i].pending.is_none() {
+                match self.read_next(i) {
+                    Read::Pending => {}
+                    Read::End => continue,
+                    Read::Failed(text) => {
+                        self.notice(Level::Error, text)?;
+                        continue;
+                    }
+                }
+            }
+            let t = self.sources[i]
+                .pending
+                .as_ref()
+                .map_or(f64::INFINITY, |r| r.t);
+            if best.is_none_or(|(_, b)| t < b) {
+                best = Some((i, t));
+            }
+        }
+        Ok(best.map(|(i, _)| i))
+    }
+
+    /// Reads source `i` until a record is pending.
+    fn read_next(&mut self, i: usize) -> Read {
+        let Player {
+            sources,
+            follow,
+            total,
+            skipped,
+            ..
+        } = self;
+        let src = &mut sources[i];
         loop {
-            let line = match self.lines.next() {
+            let start = src.lines.offset - src.lines.partial.len() as u64;
+            let line = match src.lines.next() {
                 Ok(Line::Whole(line)) => line,
-                Ok(Line::End) if self.follow => return Ok(false),
-                Ok(Line::End) => match self.lines.rest() {
+                Ok(Line::End) if *follow => return Read::End,
+                Ok(Line::End) => match src.lines.rest() {
                     Some(line) => line,
-                    None => return Ok(false),
+                    None => return Read::End,
                 },
                 Err(e) => {
-                    let text = format!("reading {} failed: {e}", self.path.display());
-                    self.notice(Level::Error, text)?;
-                    self.follow = false;
-                    return Ok(false);
+                    *follow = false;
+                    return Read::Failed(format!("reading {} failed: {e}", src.path.display()));
                 }
             };
             let line = line.trim();
@@ -313,32 +487,62 @@ impl Player {
             }
             match Record::from_line(line) {
                 Ok(rec) => {
-                    self.total = self.total.max(rec.t);
-                    self.pending = Some(rec);
-                    return Ok(true);
+                    *total = total.max(rec.t);
+                    src.pending = Some(rec);
+                    src.before_pending = start;
+                    return Read::Pending;
                 }
                 Err(BadRecord::UnknownKind(_)) => {}
-                Err(_) => self.skipped += 1,
+                Err(_) => *skipped += 1,
             }
         }
     }
 
-    fn deliver(&mut self, rec: Record) -> Result<(), Gone> {
-        let is_step = matches!(rec.msg, Telemetry::Step(_));
+    /// After the end of a job's logs, the panels can still move between its ranks; a lone
+    /// log's replay is over (its thread ends, and the screen sees its queues close).
+    fn serve_ranks(&mut self) -> Result<(), Gone> {
+        if self.sources.len() == 1 {
+            return Ok(());
+        }
+        loop {
+            match self.control.recv() {
+                Ok(c) => self.obey(c)?,
+                Err(_) => return Err(Gone),
+            }
+        }
+    }
+
+    /// Whether source `i`'s record reaches the screen: everything of a lone log; of a
+    /// job's, the shown rank's records and rank 0's rows.
+    fn shows(&self, i: usize, rec: &Record) -> bool {
+        if self.sources.len() == 1 {
+            return true;
+        }
+        match rec.msg {
+            Telemetry::JobRanks(_) => self.sources[i].rank == Some(0),
+            _ => i == self.shown,
+        }
+    }
+
+    fn deliver(&mut self, i: usize, rec: Record) -> Result<(), Gone> {
         // The clock never goes back, and a record delivered early (a jump, a step)
         // takes it to the record's time.
         let at = self.now().max(rec.t);
         self.rebase(at);
+        if !self.shows(i, &rec) {
+            return Ok(());
+        }
+        let is_step = matches!(rec.msg, Telemetry::Step(_));
         self.out.send(rec)?;
         if self.stepping && is_step {
             self.stepping = false;
             self.paused = true;
-            self.publish(false);
+            self.publish();
         }
         Ok(())
     }
 
-    fn obey(&mut self, c: ReplayControl) {
+    fn obey(&mut self, c: ReplayControl) -> Result<(), Gone> {
         // The clock is read before anything changes its pace.
         let now = self.now();
         match c {
@@ -353,13 +557,64 @@ impl Player {
             }
             ReplayControl::Faster => self.speed = (self.speed * 2.0).min(MAX_SPEED),
             ReplayControl::Slower => self.speed = (self.speed / 2.0).max(MIN_SPEED),
+            ReplayControl::SelectRank(rank) => self.show_rank(rank)?,
         }
         if self.position.is_some() {
             self.rebase(now);
         }
-        self.publish(false);
+        self.publish();
+        Ok(())
     }
 
+    /// Moves the panels to rank `rank`'s log: a fresh picture, and everything of that log
+    /// up to where the replay stands delivered at once.
+    fn show_rank(&mut self, rank: u32) -> Result<(), Gone> {
+        let Some(i) = self.sources.iter().position(|s| s.rank == Some(rank)) else {
+            let given: Vec<String> = self
+                .sources
+                .iter()
+                .filter_map(|s| s.rank.map(|r| r.to_string()))
+                .collect();
+            let reason = format!(
+                "this replay has no log of rank {rank} (it has rank {}'s; give every rank's \
+                 log to headroom replay)",
+                given.join(", ")
+            );
+            return self
+                .out
+                .link
+                .send(Link::RankUnreachable { rank, reason })
+                .map_err(|_| Gone);
+        };
+        if i == self.shown {
+            return Ok(());
+        }
+        self.shown = i;
+        // What the old rank's log queued would land in the new rank's picture.
+        while self.screen.0.try_recv().is_ok() || self.screen.1.try_recv().is_ok() {}
+        let src = &self.sources[i];
+        let run_id = format!("rank {rank}'s log {}", src.path.display());
+        self.out
+            .link
+            .send(Link::Connected { run_id })
+            .map_err(|_| Gone)?;
+        let (path, upto) = (src.path.clone(), src.delivered_bytes());
+        let Ok(file) = File::open(&path) else {
+            let text = format!(
+                "{} cannot be read again for rank {rank}'s panels",
+                path.display()
+            );
+            return self.notice(Level::Error, text);
+        };
+        for line in BufReader::new(file.take(upto)).lines() {
+            let Ok(line) = line else { break };
+            match Record::from_line(line.trim()) {
+                Ok(rec) if !matches!(rec.msg, Telemetry::JobRanks(_)) => self.out.send(rec)?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
     /// The replay clock now: moving while playing.
     fn now(&self) -> f64 {
         let Some(p) = self.position else {
@@ -376,7 +631,7 @@ impl Player {
         self.since = Instant::now();
     }
 
-    fn publish(&self, ended: bool) {
+    fn publish(&self) {
         let mut s = match self.state.lock() {
             Ok(s) => s,
             Err(poisoned) => poisoned.into_inner(),
@@ -384,11 +639,15 @@ impl Player {
         *s = ReplayState {
             position: self.position.unwrap_or(0.0),
             since: self.since,
-            next_t: self.pending.as_ref().map(|r| r.t),
+            next_t: self
+                .sources
+                .iter()
+                .filter_map(|s| s.pending.as_ref().map(|r| r.t))
+                .reduce(f64::min),
             total: self.total,
             speed: self.speed,
             paused: self.paused,
-            ended,
+            ended: self.ended,
             following: self.follow,
             skipped: self.skipped,
         };
@@ -398,7 +657,8 @@ impl Player {
     fn finish(&mut self) -> Result<(), Gone> {
         let end = self.position.unwrap_or(0.0).max(self.total);
         self.rebase(end);
-        self.publish(true);
+        self.ended = true;
+        self.publish();
         let (level, text) = match self.skipped {
             0 => (
                 Level::Info,
@@ -423,24 +683,32 @@ impl Player {
         self.out.send(Record::new(0.0, t, msg))
     }
 
-    /// The followed log was truncated: play it again from its start, on a fresh screen.
+    /// A followed log was truncated: play every log again from its start, on a fresh
+    /// screen (the same rank's panels).
     fn restart(&mut self) -> Result<(), Gone> {
-        let file = match File::open(&self.path) {
-            Ok(f) => f,
-            // Gone for a moment (rotated): looked at again at the next poll.
-            Err(_) => return Ok(()),
-        };
-        self.lines = Lines::new(file);
-        self.pending = None;
+        let mut reopened = Vec::with_capacity(self.sources.len());
+        for s in &self.sources {
+            match File::open(&s.path) {
+                Ok(f) => reopened.push(f),
+                // Gone for a moment (rotated): looked at again at the next poll.
+                Err(_) => return Ok(()),
+            }
+        }
+        for (s, file) in self.sources.iter_mut().zip(reopened) {
+            s.lines = Lines::new(file);
+            s.pending = None;
+            s.before_pending = 0;
+        }
         self.position = None;
         self.total = 0.0;
         self.skipped = 0;
-        let run_id = format!("{} (the log restarted)", self.path.display());
+        let src = &self.sources[self.shown];
+        let run_id = format!("{} (the log restarted)", src.path.display());
         self.out
             .link
             .send(Link::Connected { run_id })
             .map_err(|_| Gone)?;
-        self.publish(false);
+        self.publish();
         Ok(())
     }
 }

@@ -321,3 +321,15 @@ fn a_replay_of_one_rank_says_it_cannot_show_another() {
     assert_eq!(rank, 1);
     assert!(why.contains("rank 0's log only"), "{why}");
 }
+
+#[test]
+fn a_replay_of_every_ranks_log_moves_the_panels_like_an_attach() {
+    let mut app = attached_job(0, job_rows(2)).with_mode(Mode::Replay {
+        source: "2 ranks' logs".into(),
+    });
+    app.replay_has_ranks = true;
+    assert_eq!(press(&mut app, KeyCode::Char(']')), Reaction::SelectRank(1));
+    let job = app.job.as_ref().unwrap();
+    assert_eq!(job.selected, 1);
+    assert!(job.unreachable.is_none(), "{:?}", job.unreachable);
+}

@@ -134,7 +134,7 @@ pub fn replay(args: ReplayArgs) -> Result<()> {
     if !std::io::stdout().is_terminal() {
         bail!("replay draws the dashboard: run it in a terminal");
     }
-    let feed = headroom_ui::replay::replay_feed(
+    let feed = headroom_ui::replay::replay_job_feed(
         &args.log,
         headroom_ui::replay::ReplayOptions {
             speed: args.speed,
@@ -143,14 +143,16 @@ pub fn replay(args: ReplayArgs) -> Result<()> {
         },
     )
     .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let name = args
-        .log
+    let first = &args.log[0];
+    let name = first
         .file_stem()
         .map_or("replay".into(), |s| s.to_string_lossy().to_string());
+    let source = match args.log.len() {
+        1 => first.display().to_string(),
+        n => format!("{n} ranks' logs"),
+    };
     let opts = DashboardOptions {
-        mode: Mode::Replay {
-            source: args.log.display().to_string(),
-        },
+        mode: Mode::Replay { source },
         ..DashboardOptions::from_env(&name)
     };
     headroom_ui::run_dashboard(feed, opts)?;
