@@ -57,6 +57,8 @@ def main() -> None:
         else:
             cur.append(a)
     times: list[list[float]] = [[] for _ in cmds]
+    # The machine's load: a start time is only comparable at the same load.
+    before = os.getloadavg()
     for _ in range(n):
         for i, c in enumerate(cmds):
             times[i].append(once(c, marker))
@@ -65,6 +67,11 @@ def main() -> None:
             f"{statistics.median(t) * 1000:7.1f} ms median  "
             f"({min(t) * 1000:.1f}–{max(t) * 1000:.1f}, n={n})  {' '.join(c)}"
         )
+    after = os.getloadavg()
+    print(
+        f"load average (1, 5, 15 min): {before[0]:.2f} {before[1]:.2f} {before[2]:.2f} before, "
+        f"{after[0]:.2f} {after[1]:.2f} {after[2]:.2f} after; {os.cpu_count()} CPUs"
+    )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 //! `headroom`: wires the trainer thread, the sampler, the log writer and the screen.
 mod cli;
+mod corpus_check;
 mod headless;
 mod line_keys;
 mod preinit;
@@ -94,6 +95,18 @@ fn train(mut args: TrainArgs) -> Result<u8> {
     let corpus = std::path::PathBuf::from(&config.data.corpus);
     let mut inputs: Vec<(&str, &std::path::Path)> = Vec::new();
     if !config.data.corpus.is_empty() {
+        // Before the log and the trainer: the path's problem named, with where it was given.
+        let given = match (&args.corpus, &args.config, &args.resume) {
+            (Some(_), _, _) => "--corpus".to_string(),
+            (None, Some(c), _) => format!("data.corpus in {}", c.display()),
+            (None, None, Some(_)) => {
+                "--corpus (the path the checkpoint recorded; --corpus says where the same \
+                 content lives now)"
+                    .to_string()
+            }
+            (None, None, None) => "data.corpus".to_string(),
+        };
+        corpus_check::check(&corpus, &given).map_err(anyhow::Error::msg)?;
         inputs.push(("corpus", &corpus));
     }
     if let Some(c) = &args.config {

@@ -33,7 +33,11 @@ fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Option<Vec<u8>>> {
         for entry in std::fs::read_dir(&d).unwrap() {
             let path = entry.unwrap().path();
             let rel = path.strip_prefix(dir).unwrap().to_path_buf();
-            if path.is_dir() {
+            if path.is_symlink() {
+                // A link (maybe dangling) is what it points to.
+                let to = std::fs::read_link(&path).unwrap();
+                out.insert(rel, Some(to.to_string_lossy().as_bytes().to_vec()));
+            } else if path.is_dir() {
                 out.insert(rel, None);
                 todo.push(path);
             } else {
@@ -355,6 +359,54 @@ fn corpus_that_is_a_directory_is_named_as_one() {
             "pass a text file to --corpus",
         ],
     );
+}
+
+/// `data.corpus` in a config file that leads nowhere: each named before the log is
+/// touched and the trainer starts, by the part of the path that stops it, with the key to
+/// fix. Before, a file used as a directory was "Not a directory (os error 20); check its
+/// permissions", a dangling link a corpus that "does not exist", and a directory of texts
+/// only "a directory".
+#[test]
+fn corpus_paths_in_a_config_that_lead_nowhere_name_what_stops_them() {
+    let tiny = std::fs::read_to_string(fixture("tiny.toml")).unwrap();
+    let cases: [(&str, &[&str]); 4] = [
+        (
+            "notes.txt/train.txt",
+            &[
+                "notes.txt is a file, not a directory",
+                "fix data.corpus in run.toml",
+            ],
+        ),
+        (
+            "nope/train.txt",
+            &["there is no directory nope", "fix data.corpus in run.toml"],
+        ),
+        (
+            "link.txt",
+            &["link.txt is a symbolic link to gone.txt, which does not exist"],
+        ),
+        (
+            "texts",
+            &[
+                "corpus texts is a directory; pass a text file to data.corpus in run.toml",
+                "2 file(s) (a.txt, b.txt)",
+                "cat texts/* > corpus.txt",
+            ],
+        ),
+    ];
+    for (corpus, needles) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("notes.txt"), "some text").unwrap();
+        std::os::unix::fs::symlink("gone.txt", d.join("link.txt")).unwrap();
+        std::fs::create_dir(d.join("texts")).unwrap();
+        for f in ["a.txt", "b.txt"] {
+            std::fs::write(d.join("texts").join(f), "text").unwrap();
+        }
+        let config = tiny.replace("[data]\n", &format!("[data]\ncorpus = \"{corpus}\"\n"));
+        std::fs::write(d.join("run.toml"), config).unwrap();
+        refused(d, &["--config", "run.toml"], needles);
+    }
 }
 
 #[test]

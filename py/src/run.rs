@@ -2,15 +2,18 @@
 //! adaptive mode, the same [`Controller`] `headroom train` uses. Python calls in at the
 //! points the built-in trainer's runner does (before a step, after its peak is known,
 //! after an OOM, at the step boundary for commands) and carries out what comes back.
+//! Every call that changes the controller is journaled ([`Journaled`]), so a checkpoint
+//! can carry the controller (`run.state_dict()`) and a resume replay it.
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use headroom_core::config::{auto_budget, MemorySection, RunConfig};
+use headroom_core::journal::{ControllerJournal, Journaled};
 use headroom_core::policy::{
-    Controller, ControllerConfig, Decision, Profile, StepObservation, Thresholds, Upcoming,
-    ALLOCATOR_NOISE, RSS_NOISE,
+    ControllerConfig, Decision, Profile, StepObservation, Thresholds, Upcoming, ALLOCATOR_NOISE,
+    RSS_NOISE,
 };
 use headroom_core::protocol::JobRank;
 use headroom_core::units::fmt_bytes;
@@ -44,7 +47,12 @@ pub struct NativeRun {
     server: Option<Server>,
     log: Option<LogWriter>,
     sampler: Option<Sampler>,
-    controller: Option<Controller>,
+    controller: Option<Journaled>,
+    /// How an adaptive run's controller was built: a restored journal replays into one
+    /// built the same way.
+    controller_cfg: Option<ControllerConfig>,
+    /// `memory_budget="auto"` on the CPU: a resume keeps the budget the run resolved.
+    auto_budget: bool,
     started: Instant,
     name: String,
     cuda: bool,
@@ -93,7 +101,7 @@ impl NativeRun {
     fn thresholds_now(&self) -> Thresholds {
         self.controller
             .as_ref()
-            .map_or(self.thresholds, Controller::thresholds)
+            .map_or(self.thresholds, |c| c.thresholds())
     }
 
     fn thresholds_changed(&self, source: &str, profile: Option<Profile>) {
@@ -276,7 +284,7 @@ impl NativeRun {
     }
 
     fn summary(&self, stopped_by_user: bool) -> RunSummary {
-        let mb = self.controller.as_ref().map_or(0, Controller::micro_batch);
+        let mb = self.controller.as_ref().map_or(0, |c| c.micro_batch());
         RunSummary {
             steps_done: self.step,
             total_steps: self.total_steps,
@@ -453,6 +461,7 @@ impl NativeRun {
         }
         let t = cfg.memory.thresholds().map_err(value_error)?;
         let cuda = cuda_index.is_some();
+        let auto = !cuda && cfg.memory.is_auto_budget();
         // A log that holds an earlier run's records is kept: this run takes the next
         // free name beside it, and says so.
         let asked_log = log.clone();
@@ -537,6 +546,8 @@ impl NativeRun {
             log: log_writer,
             sampler: Some(sampler),
             controller: None,
+            controller_cfg: None,
+            auto_budget: auto,
             started: Instant::now(),
             name,
             cuda,
@@ -600,12 +611,75 @@ impl NativeRun {
             },
             ..ControllerConfig::default()
         };
-        let mut c = Controller::new(cfg, self.thresholds, self.limit, micro_batch);
+        let mut c = Journaled::new(cfg.clone(), self.thresholds, self.limit, micro_batch);
         if let Some(b) = baseline {
             c.set_baseline(b);
         }
         self.controller = Some(c);
+        self.controller_cfg = Some(cfg);
         Ok(())
+    }
+
+    /// What a checkpoint needs to continue this run as if never interrupted, as JSON: the
+    /// steps done, the tokens seen and the controller's journal (adaptive runs).
+    fn state(&self) -> PyResult<String> {
+        let state = ResumeState {
+            step: self.step,
+            tokens_seen: self.tokens_seen,
+            controller: self.controller.as_ref().map(|c| c.journal().clone()),
+        };
+        serde_json::to_string(&state).map_err(value_error)
+    }
+
+    /// Continues from a [`state`](Self::state): the step count, and the controller the run
+    /// had, its journal replayed (what the built-in trainer's resume does). Before the
+    /// first step only. Returns the step it continues after.
+    fn restore(&mut self, state: &str) -> PyResult<u64> {
+        if self.step != 0 {
+            return Err(PyRuntimeError::new_err(format!(
+                "load_state_dict() after step {}: call it right after creating the run, before                  its first step",
+                self.step
+            )));
+        }
+        let state: ResumeState = serde_json::from_str(state).map_err(|e| {
+            value_error(format!(
+                "this is not a headroom run state ({e}); give load_state_dict() what                  run.state_dict() returned, as saved"
+            ))
+        })?;
+        self.step = state.step;
+        self.tokens_seen = state.tokens_seen;
+        let text = match (state.controller, self.controller_cfg.clone()) {
+            (Some(j), Some(cfg)) => {
+                if self.auto_budget {
+                    // The budget the run resolved at its start, not one from this
+                    // process's memory now: the uninterrupted run goes on against it.
+                    self.limit = j.limit;
+                }
+                let mut c = Journaled::replay(cfg, &j);
+                let mut text = format!(
+                    "resumed after step {}: controller state restored ({} calls replayed),                      micro-batch {}, as the uninterrupted run had it",
+                    state.step,
+                    j.calls.len(),
+                    c.micro_batch()
+                );
+                // Thresholds given for the resume win over the saved ones.
+                if self.thresholds != j.thresholds {
+                    match c.set_thresholds(self.thresholds) {
+                        Ok(()) => text += &format!("; thresholds {} in force", self.thresholds),
+                        Err(e) => text += &format!("; thresholds refused ({e}), the saved stay"),
+                    }
+                }
+                self.controller = Some(c);
+                text
+            }
+            (None, Some(_)) => format!(
+                "resumed after step {}: the state holds no controller (a watch-only run's);                  this run's controller starts fresh",
+                state.step
+            ),
+            (_, None) => format!("resumed after step {}", state.step),
+        };
+        self.notice(Level::Info, "memory", text);
+        Ok(self.step)
     }
 
     /// Before a step's first attempt: the micro-batch to use, and whether to free the
@@ -994,7 +1068,7 @@ impl NativeRun {
 
     #[getter]
     fn micro_batch(&self) -> Option<usize> {
-        self.controller.as_ref().map(Controller::micro_batch)
+        self.controller.as_ref().map(|c| c.micro_batch())
     }
 
     #[getter]
@@ -1070,6 +1144,14 @@ impl Drop for NativeRun {
             self.fail(py, "the run was dropped before finish() or fail()".into());
         });
     }
+}
+
+/// What `run.state_dict()` carries for the native side.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ResumeState {
+    step: u64,
+    tokens_seen: u64,
+    controller: Option<ControllerJournal>,
 }
 
 fn not_adaptive() -> PyErr {

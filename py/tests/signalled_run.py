@@ -1,7 +1,8 @@
 """A run that a test signals (test_signals.py). --mode: `check` reads run.should_stop,
 `ignore` never does, `stuck` stops calling report altogether (all three watch-only);
 `long` is an adaptive loop whose second step is --samples long, split in micro-batches of
---micro-batch, checkpointing through on_checkpoint and resumable with --resume."""
+--micro-batch, checkpointing through on_checkpoint and resumable with --resume.
+--on-usr: the run's on_usr1 and on_usr2 ("stop" or "checkpoint")."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def main() -> int:
     ap.add_argument("--micro-batch", type=int, default=1)
     ap.add_argument("--resume")
     ap.add_argument("--out")
+    ap.add_argument("--on-usr", default="stop")
     args = ap.parse_args()
     if args.mode == "long":
         return long_run(args)
@@ -34,7 +36,13 @@ def main() -> int:
         path.write_text(str(step))
         return path
 
-    run = headroom.Run("signalled", log=args.log, on_checkpoint=on_checkpoint)
+    run = headroom.Run(
+        "signalled",
+        log=args.log,
+        on_checkpoint=on_checkpoint,
+        on_usr1=args.on_usr,
+        on_usr2=args.on_usr,
+    )
     print("ready", flush=True)
     step = 0
     while True:

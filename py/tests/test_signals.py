@@ -3,6 +3,7 @@ a checkpoint is taken at the step's end, and the log and socket are closed prope
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
@@ -15,7 +16,7 @@ from conftest import records, spawn
 HERE = Path(__file__).resolve().parent
 
 
-def start(tmp_path: Path, mode: str) -> tuple[subprocess.Popen, Path, Path]:
+def start(tmp_path: Path, mode: str, *extra: str) -> tuple[subprocess.Popen, Path, Path]:
     log = tmp_path / "run.jsonl"
     ck = tmp_path / "ck"
     ck.mkdir()
@@ -28,6 +29,7 @@ def start(tmp_path: Path, mode: str) -> tuple[subprocess.Popen, Path, Path]:
             str(log),
             "--checkpoints",
             str(ck),
+            *extra,
         ]
     )
     assert p.stdout.readline().strip() == "ready"
@@ -119,6 +121,70 @@ def test_every_signal_that_would_end_the_process_stops_with_a_checkpoint(
     saved = [r for r in recs if r["kind"] == "checkpoint_saved"]
     assert saved and (ck / f"step-{saved[0]['step']}.txt").exists()
     assert list(runtime_dir.iterdir()) == [], "the socket was left behind"
+
+
+def records_so_far(log: Path) -> list[dict]:
+    """A running loop's log: the last line may be half written."""
+    out = []
+    for line in log.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            break
+    return out
+
+
+def wait_for(log: Path, what, timeout: float = 30) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        recs = records_so_far(log)
+        if what(recs):
+            return recs
+        assert time.monotonic() < deadline, recs[-5:]
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGUSR2], ids=lambda s: s.name)
+def test_a_user_signal_set_to_checkpoint_saves_at_the_step_end_and_the_run_goes_on(
+    tmp_path, runtime_dir, sig
+):
+    """Run(on_usr1="checkpoint", on_usr2="checkpoint"): each signal is one on_checkpoint
+    call at the end of the step in progress, and the loop goes on (the binary's
+    `run.on_usr1 = "checkpoint"`); the default, stop, is the test above."""
+    p, log, ck = start(tmp_path, "check", "--on-usr", "checkpoint")
+    name = signal.Signals(sig).name
+
+    def saved(recs):
+        return [r["step"] for r in recs if r["kind"] == "checkpoint_saved"]
+
+    def steps(recs):
+        return [r["step"] for r in recs if r["kind"] == "step"]
+
+    for n in (1, 2):
+        p.send_signal(sig)
+        recs = wait_for(log, lambda r, n=n: len(saved(r)) == n)
+        at = saved(recs)[-1]
+        assert (ck / f"step-{at}.txt").exists()
+        assert any(
+            r["kind"] == "notice" and r["text"].startswith(f"{name}: a checkpoint at the end")
+            for r in recs
+        )
+        # It goes on past the saved step.
+        wait_for(log, lambda r, at=at: max(steps(r), default=0) >= at + 3)
+        assert p.poll() is None, "a checkpoint signal must not stop the run"
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    assert f"{name}: a checkpoint at the end of step" in err
+    recs = records(log)
+    assert recs[-1]["kind"] == "finished" and recs[-1]["stopped_by_user"], recs[-3:]
+
+
+def test_a_user_signal_setting_that_is_not_an_action_names_the_choices():
+    import headroom
+
+    with pytest.raises(ValueError, match="on_usr2='save' is not an action; use \"stop\""):
+        headroom.Run("bad-usr", on_usr2="save")
 
 
 def long_run(tmp_path: Path, name: str, *extra: str) -> subprocess.Popen:

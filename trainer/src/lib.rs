@@ -7,7 +7,8 @@ pub mod data;
 pub mod device;
 pub mod digest;
 pub mod heap_watch;
-pub mod journal;
+/// The controller's journal lives in core (the Python package replays it too).
+pub use headroom_core::journal;
 pub mod levers;
 pub mod model;
 pub mod oom;

@@ -21,6 +21,10 @@ use crate::mode::{LinkView, Mode, ReplayView};
 use crate::terminal::{NoTerminal, Suspend, TerminalGuard};
 use crate::view::render;
 
+/// Before the first frame tick, the shortest time between frames drawn as soon as the
+/// records so far are in.
+const EARLY_FRAME: Duration = Duration::from_millis(10);
+
 #[derive(Debug, Clone)]
 pub struct DashboardOptions {
     pub run_name: String,
@@ -155,6 +159,11 @@ pub fn drive_with<B: Backend>(
     let mut clock = RunClock::default();
     let mut exit = DashboardExit::default();
     let mut dirty = true;
+    // A tick's first message comes one interval after the start: the screen stayed blank
+    // for those 50 ms at every start (a third of the pip viewer's start to first frame).
+    // Until that first tick, a frame is drawn as soon as the records queued so far are in.
+    let mut ticked = false;
+    let mut last_draw: Option<Instant> = None;
     loop {
         let mut draw_now = false;
         let mut suspend_now = false;
@@ -255,6 +264,7 @@ pub fn drive_with<B: Backend>(
                 Err(_) => metrics = never(),
             },
             recv(frames) -> _ => {
+                ticked = true;
                 let now_instant = Instant::now();
                 let now = match &control {
                     Control::Replay(replay) => {
@@ -312,12 +322,17 @@ pub fn drive_with<B: Backend>(
             }
             draw_now = true;
         }
+        let caught_up = events.is_empty() && metrics.is_empty();
+        if !ticked && dirty && caught_up && last_draw.is_none_or(|t| t.elapsed() >= EARLY_FRAME) {
+            draw_now = true;
+        }
         if draw_now {
             if let Err(e) = terminal.draw(|f| render(f, &app)) {
                 lose_screen(&mut exit, opts, format!("drawing failed: {e}"));
                 break;
             }
             dirty = false;
+            last_draw = Some(Instant::now());
         }
     }
     Ok(exit)

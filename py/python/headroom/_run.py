@@ -75,6 +75,10 @@ _STOP_SIGNALS = tuple(
     )
     if hasattr(signal, n)
 )
+# What SIGUSR1/SIGUSR2 may mean (`on_usr1=`, `on_usr2=`; the binary's `run.on_usr1`).
+_USER_SIGNAL_ACTIONS = ("stop", "checkpoint")
+# The version of what state_dict() returns.
+_STATE_VERSION = 1
 
 
 class Run:
@@ -111,8 +115,16 @@ class Run:
         finish_previous: bool = True,
         plan: Any = None,
         oom_snapshot: bool = False,
+        on_usr1: str = "stop",
+        on_usr2: str = "stop",
     ):
         global _current
+        for what, v in (("on_usr1", on_usr1), ("on_usr2", on_usr2)):
+            if v not in _USER_SIGNAL_ACTIONS:
+                raise ValueError(
+                    f'{what}={v!r} is not an action; use "stop" (checkpoint and stop, the '
+                    'default) or "checkpoint" (checkpoint at the step\'s end and go on)'
+                )
         previous = _finish_previous(name, finish_previous)
         with _current_lock:
             if _current is not None and not _current.ended:
@@ -237,6 +249,16 @@ class Run:
             # A headroom.plan(...): its prediction is logged beside each step's peak.
             self._plan = plan
             self._saved_handlers: dict = {}
+            # The user signals that checkpoint and go on instead of stopping.
+            self._checkpoint_signals = {
+                sig
+                for sig, action in (
+                    (getattr(signal, "SIGUSR1", None), on_usr1),
+                    (getattr(signal, "SIGUSR2", None), on_usr2),
+                )
+                if sig is not None and action == "checkpoint"
+            }
+            self._checkpoint_asked: str | None = None
             self._in_poll = False
             self._pending_signals: list[int] = []
             self._install_signal_handlers()
@@ -281,6 +303,9 @@ class Run:
 
     def _handle_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name
+        if signum in self._checkpoint_signals:
+            self._ask_checkpoint(name)
+            return
         if signum == signal.SIGXCPU and self._signalled is not None:
             # The kernel repeats SIGXCPU every second past the soft limit: the same
             # warning, not someone insisting.
@@ -315,6 +340,23 @@ class Run:
         # (RuntimeError): the notice in the log still says it.
         with contextlib.suppress(RuntimeError):
             print(f"headroom: {name}: stopping: {what}", file=sys.stderr, flush=True)
+
+    def _ask_checkpoint(self, name: str) -> None:
+        """A user signal set to "checkpoint": on_checkpoint at the end of the step in
+        progress, and the loop goes on (a repeat before then is the same request)."""
+        if self._checkpoint_asked is not None:
+            return
+        self._checkpoint_asked = name
+        what = f"a checkpoint at the end of step {self._step + 1}; the run goes on"
+        self._native.notice_text(f"{name}: {what}", source="signal")
+        with contextlib.suppress(RuntimeError):
+            print(f"headroom: {name}: {what}", file=sys.stderr, flush=True)
+
+    def _checkpoint_if_asked(self) -> None:
+        """At a step's end: the checkpoint a user signal asked for."""
+        name, self._checkpoint_asked = self._checkpoint_asked, None
+        if name is not None:
+            self.notice(f"{name}: {self._carry_out('checkpoint')}")
 
     def _abandon_step_requested(self) -> bool:
         """Whether the step in progress is to be given up at this micro-batch boundary
@@ -855,6 +897,33 @@ class Run:
         t = v if train_loss is None else _scalar(train_loss, "train_loss")
         self._native.eval(self._step, v, t, tokens)
 
+    def state_dict(self) -> dict:
+        """What a checkpoint needs to continue this run as if it had never stopped: the
+        steps done and, for an adaptive run, the controller's journal (every call that
+        changed it), which :meth:`load_state_dict` replays. Save it with the model's and
+        the optimizer's state (it is plain data: ints, strings)."""
+        return {"version": _STATE_VERSION, "native": self._native.state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continues from a checkpoint's :meth:`state_dict`, right after creating the run
+        (before its first step): the step count goes on from the saved step, and an
+        adaptive run's controller is the one the run had (same micro-batch, the sizes it
+        measured, a ceiling an out-of-memory error taught), so the resumed loop splits its
+        steps as the uninterrupted one would have. A `memory_budget="auto"` keeps the
+        budget the run resolved at its start."""
+        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+            raise RunError(
+                f"load_state_dict() needs what run.state_dict() returned (a dict with "
+                f"version {_STATE_VERSION}), got {type(state).__name__}"
+                + (f" version {state.get('version')!r}" if isinstance(state, dict) else "")
+            )
+        if self._step != 0 or self._accumulated is not None:
+            raise RunError(
+                f"load_state_dict() after step {self._step}: call it right after creating "
+                "the run, before its first step"
+            )
+        self._step = self._native.restore(state["native"])
+
     def checkpoint_saved(self, path: str | os.PathLike) -> None:
         """Tells the dashboard the loop wrote a checkpoint."""
         self._native.checkpoint_saved(self._step, os.fspath(path))
@@ -937,10 +1006,13 @@ class Run:
                 self._handle_signal(self._pending_signals.pop(0))
             for cid, kind in actions:
                 self._native.confirm(cid, self._carry_out(kind))
+            # Also while paused: the saving is what the signal's sender waits for.
+            self._checkpoint_if_asked()
             if not self._native.paused:
                 break
         if self._job is not None:
             self._job_boundary()
+        self._checkpoint_if_asked()
         self._checkpoint_for_stop()
         if self._signalled is not None and self._native.stop_requested:
             self._after_signal_boundary()

@@ -6,12 +6,12 @@
 //! uninterrupted run already knew (a ceiling an OOM taught, the sizes it measured) and
 //! split its steps differently: equal losses to rounding, not to the bit. So every call
 //! that changes the controller goes through [`Journaled`], which records it; the record
-//! goes into the checkpoint's state.json, and a resume replays it into a new controller
-//! built as the first one was. About 75 bytes of JSON per step (measured: 3060 bytes
+//! goes into the checkpoint's state.json (the Python package's: `run.state_dict()`), and a
+//! resume replays it into a new controller built as the first one was. About 75 bytes of JSON per step (measured: 3060 bytes
 //! after 40 steps of the tiny test model), so 7.5 MB after 100 000 steps.
 use std::ops::Deref;
 
-use headroom_core::policy::{
+use crate::policy::{
     Controller, ControllerConfig, Decision, OomOutcome, StepObservation, ThresholdError,
     Thresholds, Upcoming,
 };
@@ -40,6 +40,9 @@ pub enum Call {
     /// `before_step_ahead(seq_len, Upcoming { seq_len, step })`.
     #[serde(rename = "a")]
     Ahead(usize, usize, u64),
+    /// `before_step(seq_len)` (no horizon: the Python package's loops).
+    #[serde(rename = "s")]
+    Before(usize),
     /// `observe(StepObservation { step, micro_batch, seq_len, peak_bytes })`.
     #[serde(rename = "o")]
     Observe(u64, usize, usize, u64),
@@ -115,6 +118,9 @@ impl Journaled {
             Call::Ahead(seq, seq_len, step) => {
                 self.before_step_ahead(seq, Upcoming { seq_len, step });
             }
+            Call::Before(seq) => {
+                self.before_step(seq);
+            }
             Call::Observe(step, micro_batch, seq_len, peak_bytes) => {
                 self.observe(StepObservation {
                     step,
@@ -152,6 +158,11 @@ impl Journaled {
             .calls
             .push(Call::Ahead(seq_len, upcoming.seq_len, upcoming.step));
         self.controller.before_step_ahead(seq_len, upcoming)
+    }
+
+    pub fn before_step(&mut self, seq_len: usize) -> Vec<Decision> {
+        self.journal.calls.push(Call::Before(seq_len));
+        self.controller.before_step(seq_len)
     }
 
     pub fn observe(&mut self, obs: StepObservation) -> Vec<Decision> {
