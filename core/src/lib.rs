@@ -6,6 +6,7 @@ pub mod bus;
 pub mod command;
 pub mod config;
 pub mod hints;
+pub mod plan;
 pub mod policy;
 pub mod protocol;
 pub mod record;
