@@ -35,7 +35,7 @@ pub fn render(plan: &Plan, device: &str, configured: Lever, micro_batch: usize) 
          per sequence\n",
         s.n_layer, s.n_embd, s.n_head
     );
-    let row = |out: &mut String, k: &str, v: String| out.push_str(&format!("  {k:<28} {v}\n"));
+    let row = |out: &mut String, k: &str, v: String| out.push_str(&format!("  {k:<31} {v}\n"));
     out.push_str("fixed (every step):\n");
     row(&mut out, "parameters", fmt_bytes(p.parameters));
     row(&mut out, "gradients", fmt_bytes(p.gradients));

@@ -91,17 +91,17 @@ fn the_plan_predicts_a_real_steps_peak() {
     );
 
     eprintln!("({:.1} s)", t0.elapsed().as_secs_f64());
-    // configs/gpu.toml's shape (12 × 768, 12 heads) on the CPU, 32 tokens: there the
+    // configs/gpu.toml's shape (12 × 768, 12 heads) on the CPU, 16 tokens: there the
     // AdamW update of 85 M parameters is the step's peak, not the activations.
     let mut gpu = RunConfig::load(std::path::Path::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../configs/gpu.toml"
     )))
     .unwrap();
-    gpu.data.seq_len = 32;
+    gpu.data.seq_len = 16;
     let (plan, predicted, measured) = plan_and_step(&gpu, [2, 4], 8);
     eprintln!(
-        "gpu preset shape, 8 × 32 tokens: predicted {predicted} B, measured {measured} B \
+        "gpu preset shape, 8 × 16 tokens: predicted {predicted} B, measured {measured} B \
          ({:+.1}%); update {} B measured",
         100.0 * error(predicted, measured),
         plan.update_bytes()
