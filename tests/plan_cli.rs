@@ -86,6 +86,9 @@ fn a_run_logs_the_plans_prediction_beside_each_peak() {
         assert!(of_kind(&log, "plan_check").is_empty(), "{text}");
         return;
     }
+    let split = of_kind(&log, "plan_split");
+    assert_eq!(split.len(), 1, "the panel's split, once");
+    assert!(split[0]["activations_per_token"].as_f64().unwrap() > 0.0);
     let checks = of_kind(&log, "plan_check");
     let memory = of_kind(&log, "step_memory");
     assert_eq!(checks.len(), memory.len(), "one per measured step");

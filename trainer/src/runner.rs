@@ -23,8 +23,8 @@ use headroom_core::policy::{
 };
 use headroom_core::units::fmt_bytes;
 use headroom_core::{
-    Bus, Command, EvalMetrics, Level, MemorySummary, Notice, PlanCheck, RunConfig, RunInfo,
-    RunStatus, RunSummary, StepMemory, StepMetrics, Telemetry,
+    Bus, Command, EvalMetrics, Level, MemorySummary, Notice, PlanCheck, PlanSplit, RunConfig,
+    RunInfo, RunStatus, RunSummary, StepMemory, StepMetrics, Telemetry,
 };
 use headroom_host::procmem;
 use tch::{Device, TchError};
@@ -1302,6 +1302,14 @@ impl Trainer {
             Err(e) => format!("plan: the probe failed ({e}); the model's shapes stand in"),
         };
         bus.send(Telemetry::Notice(Notice::new(Level::Info, "plan", text)));
+        if let Ok(plan) = &probed {
+            // The memory panel's stacked bar: what is fixed, what each token adds.
+            bus.send(Telemetry::PlanSplit(PlanSplit {
+                model_bytes: plan.model_bytes(),
+                overhead_bytes: plan.fixed(lever).saturating_sub(plan.model_bytes()),
+                activations_per_token: plan.per_token(lever).total(),
+            }));
+        }
         self.plan = Some(probed.unwrap_or_else(|_| {
             let held = self
                 .meter
