@@ -23,6 +23,9 @@ pub struct Cli {
 pub enum Commands {
     /// Train a byte-level GPT with a live memory dashboard (headless when not a terminal)
     Train(TrainArgs),
+    /// Before a run: where one step's memory goes for the built-in model, and the largest
+    /// micro-batch each precision × checkpointing choice fits under target
+    Plan(PlanArgs),
     #[command(flatten)]
     View(ViewCommand),
 }
@@ -114,6 +117,48 @@ pub struct TrainArgs {
     /// What SIGUSR2 asks: stop or checkpoint, as --on-usr1
     #[arg(long, value_name = "stop|checkpoint")]
     pub on_usr2: Option<headroom_core::OnUserSignal>,
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct PlanArgs {
+    /// TOML config (default: the built-in defaults, same as configs/default.toml)
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// auto, cpu, cuda or cuda:N
+    #[arg(long, value_name = "DEVICE")]
+    pub device: Option<String>,
+    /// The micro-batch to plan for; the probe measures half of it and all of it
+    #[arg(long, value_name = "N")]
+    pub batch_size: Option<usize>,
+    /// The precision the probe runs in: fp32 or bf16 (the other rows are scaled from it)
+    #[arg(long, value_name = "fp32|bf16")]
+    pub precision: Option<headroom_core::Precision>,
+    /// The checkpointing the probe runs with: none, blocks or every:N
+    #[arg(long, value_name = "none|blocks|every:N")]
+    pub activation_checkpoint: Option<headroom_core::Checkpointing>,
+    /// Memory a CPU run may use (e.g. 6GiB); default: the config's (auto: as a run sizes it)
+    #[arg(long, value_name = "SIZE")]
+    pub memory_budget: Option<String>,
+    /// libtorch intra-op threads (0: one per core)
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+}
+
+impl PlanArgs {
+    /// The config a `headroom train` with the same flags would run.
+    pub fn resolve(&self) -> Result<RunConfig> {
+        TrainArgs {
+            config: self.config.clone(),
+            device: self.device.clone(),
+            batch_size: self.batch_size,
+            precision: self.precision,
+            activation_checkpoint: self.activation_checkpoint,
+            memory_budget: self.memory_budget.clone(),
+            threads: self.threads,
+            ..TrainArgs::default()
+        }
+        .resolve(None)
+    }
 }
 
 /// The step to panic in, from `HEADROOM_INJECT_PANIC` (tests of the trainer-panic path;

@@ -3,6 +3,7 @@ mod cli;
 mod corpus_check;
 mod headless;
 mod line_keys;
+mod plan_cmd;
 mod preinit;
 mod rundirs;
 mod signals;
@@ -38,6 +39,7 @@ fn main() -> ExitCode {
             let _ = std::io::stdout().flush();
             signals::exit_mid_step(i32::from(code))
         }),
+        Commands::Plan(args) => plan_cmd::run(args).map(|()| ExitCode::SUCCESS),
         Commands::View(cmd) => headroom_viewer::run(cmd).map(|()| ExitCode::SUCCESS),
     };
     match result {

@@ -87,6 +87,9 @@ pub enum Telemetry {
     /// Every optimizer step of a run given a plan (`headroom.plan`): the plan's
     /// prediction beside the step's measured peak.
     PlanCheck(PlanCheck),
+    /// The built-in trainer's plan (`headroom plan`'s arithmetic, probed at the run's
+    /// start), once: what every step holds and what each token of a micro-batch adds.
+    PlanSplit(PlanSplit),
 }
 
 impl Telemetry {
@@ -126,6 +129,7 @@ impl Telemetry {
             Telemetry::Hint(_) => "hint",
             Telemetry::MemoryParts(_) => "memory_parts",
             Telemetry::PlanCheck(_) => "plan_check",
+            Telemetry::PlanSplit(_) => "plan_split",
         }
     }
 }
@@ -201,6 +205,18 @@ pub struct PlanCheck {
     pub planned_bytes: u64,
     /// The same peak as the step's `step_memory` record.
     pub peak_bytes: u64,
+}
+
+/// A plan's split of a step's memory (bytes): the memory panel's stacked bar.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanSplit {
+    /// Parameters, gradients and optimizer state.
+    pub model_bytes: u64,
+    /// The rest of a step's fixed part: workspaces, allocator slack, on the CPU the
+    /// process itself (libtorch, the corpus).
+    pub overhead_bytes: u64,
+    /// Activation bytes each token of the micro-batch adds, with the run's levers.
+    pub activations_per_token: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -610,6 +626,7 @@ mod schema_doc {
             "hint",
             "memory_parts",
             "plan_check",
+            "plan_split",
         ] {
             assert!(doc.contains(&format!("| `{kind}` |")), "{kind} missing");
         }

@@ -15,6 +15,7 @@ pub mod oom;
 pub mod optim;
 pub mod peak;
 pub mod pickle;
+pub mod plan_probe;
 pub mod runner;
 pub mod schedule;
 pub mod snapshot;

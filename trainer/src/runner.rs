@@ -16,14 +16,15 @@ use std::collections::BTreeSet;
 
 use crossbeam_channel::{bounded, Receiver, TryRecvError};
 use headroom_core::config::{Checkpointing, Precision};
+use headroom_core::plan::{Lever, Plan};
 use headroom_core::policy::{
     ControllerConfig, Decision, Profile, StepObservation, Thresholds, Upcoming, ALLOCATOR_NOISE,
     RSS_NOISE,
 };
 use headroom_core::units::fmt_bytes;
 use headroom_core::{
-    Bus, Command, EvalMetrics, Level, MemorySummary, Notice, RunConfig, RunInfo, RunStatus,
-    RunSummary, StepMemory, StepMetrics, Telemetry,
+    Bus, Command, EvalMetrics, Level, MemorySummary, Notice, PlanCheck, PlanSplit, RunConfig,
+    RunInfo, RunStatus, RunSummary, StepMemory, StepMetrics, Telemetry,
 };
 use headroom_host::procmem;
 use tch::{Device, TchError};
@@ -38,6 +39,7 @@ use crate::model::Gpt;
 use crate::oom;
 use crate::optim::{AdamW, AdamWConfig};
 use crate::peak::PeakMeter;
+use crate::plan_probe;
 use crate::schedule::Schedule;
 use crate::step::{self, StepPlan, Stepped};
 use crate::stop::StopSwitch;
@@ -637,6 +639,10 @@ struct Trainer {
     last_measured: Option<Measured>,
     /// A precision or checkpointing switch waiting for its first step.
     switch: Option<PendingSwitch>,
+    /// Where a step's memory goes, probed at the start ([`Trainer::start_plan`]): its
+    /// prediction is logged beside every step's peak, and it names the lever that would
+    /// fit when even the smallest micro-batch does not.
+    plan: Option<Plan>,
 }
 
 impl Trainer {
@@ -832,6 +838,7 @@ impl Trainer {
             pending: Default::default(),
             last_measured: None,
             switch: None,
+            plan: None,
         })
     }
 
@@ -1019,6 +1026,7 @@ impl Trainer {
             bus.send(Telemetry::Notice(notice));
         }
         self.thresholds_changed(bus, "config");
+        self.start_plan(bus);
         bus.send(Telemetry::Status {
             status: RunStatus::Running,
         });
@@ -1242,6 +1250,77 @@ impl Trainer {
             })
     }
 
+    /// The plan, from a probe of the run's own model before its first step: forward and
+    /// backward at two micro-batch sizes (half the starting one and all of it, at most
+    /// 16), measured as a step is, without an update, so training is untouched (the
+    /// gradients are zeroed after it). Cheaper than waiting for two step sizes, which a
+    /// run settled at one size never gives. When sequences of the run's length do not
+    /// fit, shorter ones are probed (every term is per token); when none do, the plan
+    /// rests on the model's shapes alone.
+    fn start_plan(&mut self, bus: &Bus) {
+        let t0 = Instant::now();
+        let shape = plan_probe::shape(&self.cfg);
+        let start = self.controller.micro_batch();
+        let sizes = plan_probe::sizes_for(start.min(16));
+        let limit = self.meter.limit();
+        let target = self.controller.thresholds().target;
+        let mut seq = self.cfg.data.seq_len;
+        let probed = loop {
+            let (model, opt, data, meter) = (&self.model, &mut self.opt, &self.data, &self.meter);
+            let seed = self.cfg.run.seed;
+            match attempt(self.hard_limit, || {
+                plan_probe::probe(model, opt, data, meter, sizes, seq, seed, None)
+            }) {
+                Ok(probe) => break Plan::from_probe(shape, probe, limit, target).map_err(|e| e.0),
+                Err(Failure::Oom(_)) if seq / 4 >= 8 => {
+                    self.opt.zero_grad();
+                    let _ = oom::free_cached(self.device);
+                    seq /= 4;
+                }
+                Err(Failure::Oom(e) | Failure::Other(e)) => break Err(first_line(&e)),
+            }
+        };
+        self.opt.zero_grad();
+        let _ = oom::free_cached(self.device);
+        let lever = plan_probe::lever(&self.cfg);
+        let seq_len = self.cfg.data.seq_len;
+        let text = match &probed {
+            Ok(plan) => format!(
+                "plan (probe of micro-batches {} and {} × {} tokens, {:.1}s): fixed {}, {} \
+                 per sequence of {seq_len} tokens; predicted peak at micro-batch {start} {}; \
+                 largest under target {}; logged beside each step's peak (plan_check)",
+                sizes[0],
+                sizes[1],
+                plan.probe.seq_len,
+                t0.elapsed().as_secs_f64(),
+                fmt_bytes(plan.fixed(lever)),
+                fmt_bytes(plan.per_sequence(lever, seq_len) as u64),
+                fmt_bytes(plan.predict(lever, start, seq_len)),
+                plan.largest_micro_batch(lever, seq_len)
+                    .map_or("none".to_string(), |n| n.to_string()),
+            ),
+            Err(e) => format!("plan: the probe failed ({e}); the model's shapes stand in"),
+        };
+        bus.send(Telemetry::Notice(Notice::new(Level::Info, "plan", text)));
+        if let Ok(plan) = &probed {
+            // The memory panel's stacked bar: what is fixed, what each token adds.
+            bus.send(Telemetry::PlanSplit(PlanSplit {
+                model_bytes: plan.model_bytes(),
+                overhead_bytes: plan.fixed(lever).saturating_sub(plan.model_bytes()),
+                activations_per_token: plan.per_token(lever).total(),
+            }));
+        }
+        self.plan = Some(probed.unwrap_or_else(|_| {
+            let held = self
+                .meter
+                .reset()
+                .and_then(|()| self.meter.peak())
+                .unwrap_or(0);
+            let model = plan_probe::model_bytes(&self.model, &self.opt);
+            Plan::from_shapes(shape, model, held, limit, target)
+        }));
+    }
+
     /// After a successful step: its peak, against the prediction, into the controller.
     fn observe_memory(&mut self, bus: &Bus, plan: &StepPlan, predicted: Option<u64>) {
         let peak = match self.meter.peak() {
@@ -1265,6 +1344,18 @@ impl Trainer {
             bus.send(Telemetry::Notice(switch.outcome(measured)));
         }
         self.last_measured = Some(measured);
+        if let Some(p) = self.plan.as_ref().filter(|p| p.is_measured()) {
+            let lever = Lever {
+                precision: self.model.precision(),
+                checkpoint: self.model.checkpointing(),
+            };
+            bus.send(Telemetry::PlanCheck(PlanCheck {
+                step: plan.step,
+                micro_batch: plan.micro_batch,
+                planned_bytes: p.predict(lever, plan.micro_batch, plan.seq_len),
+                peak_bytes: peak,
+            }));
+        }
         bus.send(Telemetry::StepMemory(StepMemory {
             step: plan.step,
             micro_batch: plan.micro_batch,
@@ -1337,10 +1428,24 @@ impl Trainer {
             ),
             Err(e) => format!("the checkpoint failed too: {e}"),
         };
+        // The last words: which lever would make one sequence fit, from the plan.
+        let levers = match &self.plan {
+            Some(p) if plan.micro_batch == 1 => format!(
+                " What would fit: {}.",
+                p.levers_that_fit(
+                    Lever {
+                        precision: self.model.precision(),
+                        checkpoint: self.model.checkpointing(),
+                    },
+                    plan.seq_len
+                )
+            ),
+            _ => String::new(),
+        };
         Err(format!(
             "step {} ran out of memory {} times in a row at micro-batch {} ({} tokens per \
              sequence); {saved}. Lower data.seq_len or the model size, or give it more \
-             memory (--memory-budget), then --resume",
+             memory (--memory-budget), then --resume.{levers}",
             plan.step,
             self.controller.config().max_ooms_at_min,
             plan.micro_batch,

@@ -179,6 +179,8 @@ pub struct App {
     pub segments: Option<SegmentMap>,
     /// The heap's figures (CPU runs).
     pub heap: HeapState,
+    /// The plan's split of a step, for the memory panel's stacked bar.
+    pub breakdown: crate::breakdown::BreakdownState,
     pub summary: Option<RunSummary>,
     /// Training loss by step.
     pub loss: History,
@@ -233,6 +235,7 @@ impl App {
             sample: None,
             segments: None,
             heap: HeapState::default(),
+            breakdown: Default::default(),
             summary: None,
             loss: History::new(HISTORY_POINTS, Merge::Mean),
             val_loss: History::new(HISTORY_POINTS, Merge::Mean),
@@ -393,6 +396,7 @@ impl App {
     }
 
     fn apply_at(&mut self, t: f64, msg: &Telemetry) {
+        self.breakdown.observe(msg);
         if let Some((level, text)) = self.policy.apply(t, msg) {
             self.log_at(t, level, text, echo_of(msg));
         }

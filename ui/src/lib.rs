@@ -4,6 +4,7 @@
 //! from ([`feed`]: the in-process bus, a socket, or a log being [`replay`]ed), the live
 //! loop ([`event_loop`]) and terminal ownership ([`terminal`]). No libtorch here.
 pub mod app;
+pub mod breakdown;
 pub mod describe;
 pub mod editor;
 pub mod event_loop;

@@ -1,5 +1,6 @@
 //! Drawing. Reads the [`App`] and nothing else: no I/O, no locks, no clocks.
 mod bar;
+mod breakdown;
 mod editor;
 mod events;
 mod footer;
@@ -459,6 +460,10 @@ fn memory_lines(app: &App, m: &StepMemory, cols: usize) -> Vec<(u8, Line<'static
         }
     };
     lines.push((1, Line::from(first_fitting(&room, cols))));
+    if let Some(parts) = app.breakdown.parts(m, app.sample.as_ref()) {
+        lines.push((1, breakdown::bar_line(app, &parts, cols)));
+        lines.push((2, breakdown::legend(&parts, cols)));
+    }
     lines.extend(sample_lines(app, cols));
     lines
 }
