@@ -964,6 +964,10 @@ impl Trainer {
             } else {
                 RSS_NOISE
             },
+            // glibc's heap keeps freed tensors' memory fragmented unless tensors are
+            // mmapped (a hard cap, or the user's mmap threshold).
+            heap_fragments: matches!(device, Device::Cpu)
+                && !heap_watch::mmap_threshold_set(mem.hard_limit),
             ..ControllerConfig::default()
         };
         if let Some(j) = journal {
