@@ -1124,6 +1124,12 @@ impl Trainer {
             if let Err(e) = self.meter.reset() {
                 bus.send(Telemetry::Notice(Notice::new(Level::Warn, "memory", e)));
             }
+            if self.watches_heap() {
+                let heap = procmem::heap_stats();
+                self.heap
+                    .step_started(procmem::rss_bytes(), heap.map(|h| h.in_use));
+                procmem::take_heap_in_use_peak();
+            }
             let t0 = Instant::now();
             let (model, opt, data) = (&self.model, &mut self.opt, &self.data);
             let (stop, pending) = (&self.stop, &mut self.pending);
@@ -1279,8 +1285,9 @@ impl Trainer {
             configured_limit_bytes: self.meter.limit(),
             usage,
         }));
-        if self.device == Device::Cpu && !heap_watch::mmap_threshold_set(self.hard_limit) {
-            if let Some(text) = self.heap.after_step(peak, predicted, limit) {
+        if self.watches_heap() {
+            let live = procmem::take_heap_in_use_peak();
+            if let Some(text) = self.heap.after_step(peak, predicted, live, limit) {
                 bus.send(Telemetry::Notice(Notice::new(Level::Warn, "memory", text)));
             }
         }
@@ -1291,6 +1298,12 @@ impl Trainer {
             peak_bytes: peak,
         });
         self.apply(bus, plan.step, decisions);
+    }
+
+    /// Whether steps are checked for memory glibc's heap holds beyond the batch
+    /// ([`HeapWatch`]): on the CPU, unless tensors are mmapped already.
+    fn watches_heap(&self) -> bool {
+        self.device == Device::Cpu && !heap_watch::mmap_threshold_set(self.hard_limit)
     }
 
     /// Every tensor of the failed attempt is gone (returned or unwound); the gradients it
