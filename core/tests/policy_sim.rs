@@ -426,6 +426,7 @@ fn run<P: Policy>(c: &Curve) -> Outcome {
         max_micro_batch: c.max_micro,
         max_seq_len: c.lmax,
         reading_noise: c.meter_noise,
+        heap_fragments: matches!(c.retain, Retain::Heap(_)),
         ..ControllerConfig::default()
     };
     let mut p = P::start(cfg, LIMIT, c.start);

@@ -81,6 +81,20 @@ pub fn trim_heap() -> Option<u64> {
     freed
 }
 
+/// The largest heap in use (`in_use`) any [`heap_stats`] call saw since the last
+/// [`take_heap_in_use_peak`]; 0: none. The sampler reads the heap a few times a second, so
+/// this is what a step's tensors held at most, seen from outside the step.
+static IN_USE_PEAK: AtomicU64 = AtomicU64::new(0);
+
+/// The largest heap in use seen since the last call (`None`: no reading since), and
+/// starts over.
+pub fn take_heap_in_use_peak() -> Option<u64> {
+    match IN_USE_PEAK.swap(0, Ordering::Relaxed) {
+        0 => None,
+        v => Some(v),
+    }
+}
+
 /// The heap as glibc and the kernel count it; `None` when malloc is not glibc's (another
 /// allocator preloaded: `mallinfo2` then reports nothing) or /proc cannot be read.
 pub fn heap_stats() -> Option<HeapStats> {
@@ -91,6 +105,7 @@ pub fn heap_stats() -> Option<HeapStats> {
     if in_use == 0 && m.arena == 0 {
         return None;
     }
+    IN_USE_PEAK.fetch_max(in_use, Ordering::Relaxed);
     Some(HeapStats {
         rss_anon,
         in_use,

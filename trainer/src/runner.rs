@@ -971,6 +971,10 @@ impl Trainer {
             } else {
                 RSS_NOISE
             },
+            // glibc's heap keeps freed tensors' memory fragmented unless tensors are
+            // mmapped (a hard cap, or the user's mmap threshold).
+            heap_fragments: matches!(device, Device::Cpu)
+                && !heap_watch::mmap_threshold_set(mem.hard_limit),
             ..ControllerConfig::default()
         };
         if let Some(j) = journal {
@@ -1127,6 +1131,12 @@ impl Trainer {
             let predicted = self.controller.predicted_bytes(plan.micro_batch, seq);
             if let Err(e) = self.meter.reset() {
                 bus.send(Telemetry::Notice(Notice::new(Level::Warn, "memory", e)));
+            }
+            if self.watches_heap() {
+                let heap = procmem::heap_stats();
+                self.heap
+                    .step_started(procmem::rss_bytes(), heap.map(|h| h.in_use));
+                procmem::take_heap_in_use_peak();
             }
             let t0 = Instant::now();
             let (model, opt, data) = (&self.model, &mut self.opt, &self.data);
@@ -1366,8 +1376,9 @@ impl Trainer {
             configured_limit_bytes: self.meter.limit(),
             usage,
         }));
-        if self.device == Device::Cpu && !heap_watch::mmap_threshold_set(self.hard_limit) {
-            if let Some(text) = self.heap.after_step(peak, predicted, limit) {
+        if self.watches_heap() {
+            let live = procmem::take_heap_in_use_peak();
+            if let Some(text) = self.heap.after_step(peak, predicted, live, limit) {
                 bus.send(Telemetry::Notice(Notice::new(Level::Warn, "memory", text)));
             }
         }
@@ -1378,6 +1389,12 @@ impl Trainer {
             peak_bytes: peak,
         });
         self.apply(bus, plan.step, decisions);
+    }
+
+    /// Whether steps are checked for memory glibc's heap holds beyond the batch
+    /// ([`HeapWatch`]): on the CPU, unless tensors are mmapped already.
+    fn watches_heap(&self) -> bool {
+        self.device == Device::Cpu && !heap_watch::mmap_threshold_set(self.hard_limit)
     }
 
     /// Every tensor of the failed attempt is gone (returned or unwound); the gradients it

@@ -64,6 +64,13 @@ pub struct ControllerConfig {
     /// byte for the same shapes, and assuming 2% there costs growths that the readings
     /// never needed.
     pub reading_noise: f64,
+    /// The readings count memory an allocator keeps fragmented beyond the batch's: a
+    /// resident set over glibc's heap (a CPU run without a hard cap or an mmap
+    /// threshold), which runs 5–16 points over what the batch needs and most at the
+    /// longest lengths. Across lengths, the estimate then keeps the all-quadratic bound
+    /// rather than a straight line the early readings follow.
+    #[serde(default)]
+    pub heap_fragments: bool,
 }
 
 impl Default for ControllerConfig {
@@ -80,6 +87,7 @@ impl Default for ControllerConfig {
             max_seq_len: 0,
             max_ooms_at_min: 3,
             reading_noise: RSS_NOISE,
+            heap_fragments: false,
         }
     }
 }
@@ -121,7 +129,7 @@ impl Controller {
     ) -> Controller {
         let mb = micro_batch.clamp(cfg.min_micro_batch.max(1), cfg.max_micro_batch.max(1));
         Controller {
-            estimate: Estimate::new(cfg.reading_noise, limit_bytes),
+            estimate: Estimate::new(cfg.reading_noise, cfg.heap_fragments, limit_bytes),
             horizon: Horizon::new(cfg.max_seq_len),
             cfg,
             thresholds,

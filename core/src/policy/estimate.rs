@@ -48,12 +48,15 @@ pub struct Estimate {
     floor_bytes: Option<u64>,
     /// How far one reading may lie from the batch's own peak, as a share of it.
     noise: f64,
+    /// The readings count a fragmented heap ([`ControllerConfig::heap_fragments`]
+    /// (super::ControllerConfig::heap_fragments)).
+    heap_fragments: bool,
     /// What usages are shares of.
     limit_bytes: u64,
 }
 
 impl Estimate {
-    pub fn new(noise: f64, limit_bytes: u64) -> Estimate {
+    pub fn new(noise: f64, heap_fragments: bool, limit_bytes: u64) -> Estimate {
         Estimate {
             model: MemoryModel::new(),
             baseline: None,
@@ -61,6 +64,7 @@ impl Estimate {
             max_seq_seen: 0,
             floor_bytes: None,
             noise: noise.clamp(0.0, 0.2),
+            heap_fragments,
             limit_bytes: limit_bytes.max(1),
         }
     }
@@ -131,7 +135,7 @@ impl Estimate {
         }
         // Lengths vary: a token costs more in a longer sequence, and a line through all
         // lengths averages that away. Fit the cost of a token as a line in the length.
-        if let Some(fit) = self.model.length_fit() {
+        if let Some(fit) = self.model.length_fit_over(self.heap_fragments) {
             return self.length_cost(seq_len, fit);
         }
         Some(self.nearest_cost(seq_len, fixed, slope)).filter(|c| c.1 > 0.0)
@@ -492,7 +496,7 @@ mod tests {
 
     #[test]
     fn one_size_over_predicts_larger_sizes_and_a_baseline_tells_the_fixed_part() {
-        let mut e = Estimate::new(0.02, LIMIT);
+        let mut e = Estimate::new(0.02, false, LIMIT);
         e.take(obs(2, 4, 64, truth(4, 64)), true);
         assert!(!e.is_fitted());
         // No baseline: all of it scales with tokens, far over the truth.
@@ -509,7 +513,7 @@ mod tests {
 
     #[test]
     fn close_sizes_grow_along_the_steepest_line_the_noise_allows() {
-        let mut e = Estimate::new(0.02, LIMIT);
+        let mut e = Estimate::new(0.02, false, LIMIT);
         // 1% apart in tokens, the second reading 1% low: the fitted slope is negative.
         e.take(obs(2, 100, 64, truth(100, 64)), true);
         e.take(obs(3, 101, 64, truth(101, 64) * 99 / 100), true);
@@ -521,7 +525,7 @@ mod tests {
 
     #[test]
     fn the_margin_is_the_fits_largest_recent_error_within_its_bounds() {
-        let mut e = Estimate::new(0.02, LIMIT);
+        let mut e = Estimate::new(0.02, false, LIMIT);
         assert_eq!(e.margin(), YOUNG_MARGIN);
         for (i, mb) in [10usize, 40, 80, 120].into_iter().enumerate() {
             e.take(obs(2 + i as u64, mb, 64, truth(mb, 64)), true);
@@ -536,7 +540,7 @@ mod tests {
 
     #[test]
     fn a_peak_equal_at_two_sizes_is_a_floor_and_readings_under_it_are_censored() {
-        let mut e = Estimate::new(0.02, LIMIT);
+        let mut e = Estimate::new(0.02, false, LIMIT);
         let mark = 800 * MIB;
         e.take(obs(2, 40, 64, mark), true);
         e.take(obs(3, 20, 64, mark), true);
@@ -553,7 +557,7 @@ mod tests {
 
     #[test]
     fn a_jump_at_a_settled_size_moves_the_fixed_part_not_the_cost() {
-        let mut e = Estimate::new(0.02, LIMIT);
+        let mut e = Estimate::new(0.02, false, LIMIT);
         e.set_baseline(250 * MIB);
         for (i, mb) in [10usize, 40, 40, 40].into_iter().enumerate() {
             e.take(obs(2 + i as u64, mb, 64, truth(mb, 64)), true);
@@ -570,7 +574,7 @@ mod tests {
 
     #[test]
     fn lengths_that_vary_cost_more_per_token_when_longer_but_never_more_than_quadratic() {
-        let mut e = Estimate::new(0.02, LIMIT);
+        let mut e = Estimate::new(0.02, false, LIMIT);
         let peak = |mb: usize, s: usize| 300 * MIB + (mb * s) as u64 * (8 * 1024 + 64 * s as u64);
         for (i, s) in [64usize, 80, 96, 112, 128, 72, 88, 104]
             .into_iter()

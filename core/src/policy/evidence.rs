@@ -414,7 +414,7 @@ mod tests {
 
     #[test]
     fn a_shrink_is_held_apart_only_when_usage_did_not_follow_and_it_could_tell() {
-        let est = Estimate::new(0.02, 1_000_000_000);
+        let est = Estimate::new(0.02, false, 1_000_000_000);
         // Nothing measured: a halving from 97% with no fixed part known expects half.
         assert!(held_apart(
             &est,
