@@ -1,6 +1,7 @@
 //! Helpers shared by the end-to-end tests, which drive the real `headroom` binary.
 #![allow(dead_code)]
 pub mod pty;
+pub mod screen;
 pub mod stream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -1257,12 +1257,15 @@ impl Trainer {
         self.memory.note_peak(peak, limit, usage);
         let measured = Measured {
             step: plan.step,
-            peak,
+            peak_bytes: peak,
             micro_batch: plan.micro_batch,
             seq_len: plan.seq_len,
         };
         if let Some(switch) = self.switch.take() {
-            bus.send(Telemetry::Notice(switch.outcome(measured)));
+            bus.send(Telemetry::Decision {
+                step: plan.step,
+                decision: switch.outcome(measured),
+            });
         }
         self.last_measured = Some(measured);
         bus.send(Telemetry::StepMemory(StepMemory {
