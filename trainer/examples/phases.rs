@@ -1,13 +1,24 @@
-//! Where a step's time goes: the phases of `step::train_step` timed one by one on the CPU.
+//! Where a step's time goes: the phases of `step::train_step` timed one by one on the CPU,
+//! in this process's CPU time (a shared machine's load moves wall time far more).
 //!
 //!     cargo run --release -p headroom-trainer --example phases -- [threads] [layers] [embd] [batch] [seq] [steps]
-use std::time::Instant;
 
 use headroom_core::RunConfig;
 use headroom_trainer::data::Dataset;
 use headroom_trainer::model::Gpt;
 use headroom_trainer::optim::{AdamW, AdamWConfig};
 use tch::{Device, Kind, Tensor};
+
+/// This process's CPU time (every thread), seconds.
+fn cpu_s() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime fills the struct it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
 
 fn main() {
     let a: Vec<usize> = std::env::args()
@@ -34,12 +45,13 @@ fn main() {
     let names = ["data", "fwd+bwd", "norm+clip", "adamw", "sync"];
     let mut tot = [0f64; 5];
     for step in 1..=steps as u64 {
-        let mut t = Instant::now();
-        let mut lap = |i: usize, t: &mut Instant| {
+        let mut t = cpu_s();
+        let mut lap = |i: usize, t: &mut f64| {
+            let now = cpu_s();
             if step > 1 {
-                tot[i] += t.elapsed().as_secs_f64();
+                tot[i] += now - *t;
             }
-            *t = Instant::now();
+            *t = now;
         };
         opt.zero_grad();
         let (x, y) = data

@@ -511,4 +511,49 @@ mod tests {
             "98% ≥ emergency 97%"
         );
     }
+
+    #[test]
+    fn lever_entries_say_what_the_switch_freed_or_compare_per_token() {
+        let peak = |step, mib: u64, micro_batch| LeverPeak {
+            step,
+            peak_bytes: mib << 20,
+            micro_batch,
+            seq_len: 64,
+        };
+        let lever =
+            |before: Option<LeverPeak>, after: LeverPeak, freed: Option<i64>| Decision::Lever {
+                change: "activation checkpointing none → blocks".into(),
+                source: "command".into(),
+                before,
+                after,
+                freed_bytes: freed,
+            };
+        let d = lever(Some(peak(7, 300, 8)), peak(8, 200, 8), Some(100 << 20));
+        assert_eq!(
+            decision_event(8, &d),
+            (
+                Level::Info,
+                "step 8: activation checkpointing none → blocks (command): step peak 300 MiB → \
+                 200 MiB at 8 × 64 tokens: 100 MiB freed"
+                    .into()
+            )
+        );
+        assert_eq!(
+            decision_headline(8, &d),
+            "step 8: activation checkpointing none → blocks"
+        );
+        let d = lever(Some(peak(7, 300, 8)), peak(8, 320, 8), Some(-(20 << 20)));
+        assert!(decision_event(8, &d).1.ends_with(": 20.0 MiB more"));
+        let d = lever(Some(peak(7, 300, 8)), peak(8, 400, 16), None);
+        assert!(
+            decision_reason(8, &d, None)
+                .ends_with("(step 7) → 400 MiB at 16 × 64 tokens; 600 KiB → 400 KiB per token"),
+            "{}",
+            decision_reason(8, &d, None)
+        );
+        let d = lever(None, peak(1, 400, 1), None);
+        assert!(decision_event(1, &d)
+            .1
+            .ends_with(": step peak 400 MiB at 1 × 64 tokens"));
+    }
 }
