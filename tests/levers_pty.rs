@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::pty::{tail, Pty};
 use common::screen::Screen;
-use common::{bin, fixture, of_kind};
+use common::{fixture, of_kind};
 
 const WAIT: Duration = Duration::from_secs(60);
 const COLS: u16 = 160;
@@ -91,19 +91,7 @@ fn a_and_m_switch_the_levers_and_the_trainer_confirms_each() {
     let cfg = dir.path().join("tiny.toml");
     let base = std::fs::read_to_string(fixture("tiny.toml")).unwrap();
     std::fs::write(&cfg, base.replace("[memory]", "[memory]\nadaptive = false")).unwrap();
-    let mut cmd = bin();
-    cmd.current_dir(dir.path())
-        .args(["train", "--config"])
-        .arg(&cfg)
-        .args([
-            "--steps",
-            "100000",
-            "--checkpoint-dir",
-            "ck",
-            "--log",
-            "run.jsonl",
-        ]);
-    let mut pty = Pty::spawn(cmd, COLS, ROWS);
+    let mut pty = Pty::spawn(common::long_command(dir.path(), &cfg), COLS, ROWS);
     let log_path = dir.path().join("run.jsonl");
     wait_log(&log_path, &pty, |log| common::logged_steps(log).len() >= 2);
 
