@@ -9,8 +9,9 @@
 //! ops allocated a dozen temporaries and read memory a dozen times. It is all-or-nothing
 //! as the step's retry needs: it allocates nothing, so an out-of-memory error cannot
 //! strike half-way; every list is checked before it runs, and the step counter moves only
-//! after it succeeded. Its arithmetic equals `torch.optim.AdamW`'s within float32 rounding
-//! (tests/adamw_matches_torch.rs holds it to 1e-6 relative against torch's own numbers).
+//! after it succeeded. Its arithmetic equals `torch.optim.AdamW`'s within float32
+//! rounding (trainer/tests/adamw_matches_torch.rs holds it to 1e-6 relative against
+//! torch's own numbers).
 use std::fmt;
 
 use headroom_core::config::OptimSection;
