@@ -98,6 +98,10 @@ impl Progress {
                     usage * 100.0
                 )),
                 Decision::Warning { text, .. } => Some(format!("warn [memory]: {text}")),
+                Decision::Lever { .. } => Some(format!(
+                    "note [lever]: {}",
+                    headroom_ui::describe::decision_event(*step, decision).1
+                )),
                 _ => None,
             },
             Telemetry::ThresholdsChanged {

@@ -3,6 +3,7 @@ its two memory levers.
 
     python py/bench/builtin_vs_torch.py speed [--threads 1] [--layers 4] [--embd 128]
         [--batch 64] [--seq 64] [--steps 40] [--rounds 2] [--precision fp32|bf16|both]
+        [--before-bin PATH]
     python py/bench/builtin_vs_torch.py levers [--steps 30] ...
 
 `speed`: the same model (the twin below of trainer/src/model.rs: byte vocabulary, pre-norm
@@ -16,7 +17,11 @@ is timed from its own log (`t` of the step records), step 1's end to the last st
 end; the PyTorch side is timed over the same span in this process. The two sides
 alternate (A B A B ...) so a busy spell of a shared machine hits both; each round gives
 tokens/s of each and their ratio, and the ratio of the medians is printed last. bf16:
-`--precision bf16` against `torch.autocast("cpu", torch.bfloat16)`.
+`--precision bf16` against `torch.autocast("cpu", torch.bfloat16)`. `--before-bin` adds a
+third side, another `headroom` binary (an older build), in the same rotation: before and
+after are then measured in the same rounds against the same PyTorch runs. `--cpu-time`
+counts tokens per CPU second (user + system, every thread) instead of per wall second:
+on a machine shared with other work, wall time mostly measures the others.
 
 `levers`: the built-in trainer alone for each precision × checkpointing choice: tokens/s
 and peak memory per token at a fixed micro-batch (the step peak's growth from micro-batch
@@ -33,6 +38,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import statistics
 import subprocess
 import tempfile
@@ -130,13 +136,13 @@ min_micro_batch = {o["min_micro"]}
 """
 
 
-def run_headroom(a: argparse.Namespace, workdir: Path, **over) -> list[dict]:
+def run_headroom(a: argparse.Namespace, workdir: Path, binary: str = "", **over) -> list[dict]:
     """Runs `headroom train --headless` and returns its log's records."""
     cfg = workdir / "bench.toml"
     cfg.write_text(config_toml(a, **over))
     log = workdir / "run.jsonl"
     out = subprocess.run(
-        [headroom_bin(), "train", "--headless", "--config", str(cfg), "--log", str(log)]
+        [binary or headroom_bin(), "train", "--headless", "--config", str(cfg), "--log", str(log)]
         + ["--overwrite", "--checkpoint-dir", str(workdir / "ck")],
         cwd=workdir,
         capture_output=True,
@@ -147,13 +153,32 @@ def run_headroom(a: argparse.Namespace, workdir: Path, **over) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 
+def children_cpu_s() -> float:
+    """CPU seconds (user + system, every thread) of the children waited for so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def headroom_cpu_tokens_per_s(a: argparse.Namespace, workdir: Path, binary: str, **over) -> float:
+    """Tokens per CPU second of `headroom train`: the CPU time of a run of `--steps` less
+    that of a run of 3 steps (start-up, the final evaluation and checkpoint cancel out),
+    over the tokens of the steps between."""
+    cpu = []
+    for steps in [a.steps, 3]:
+        before = children_cpu_s()
+        run_headroom(argparse.Namespace(**{**vars(a), "steps": steps}), workdir, binary, **over)
+        cpu.append(children_cpu_s() - before)
+    return (a.steps - 3) * a.batch * a.seq / (cpu[0] - cpu[1])
+
+
 def headroom_tokens_per_s(records: list[dict], a: argparse.Namespace) -> float:
     t = [r["t"] for r in records if r["kind"] == "step"]
     return (len(t) - 1) * a.batch * a.seq / (t[-1] - t[0])
 
 
-def torch_tokens_per_s(a: argparse.Namespace, precision: str) -> float:
-    """The PyTorch twin: same shape, batch, threads, optimizer and clipping."""
+def torch_tokens_per_s(a: argparse.Namespace, precision: str) -> tuple[float, float]:
+    """The PyTorch twin: same shape, batch, threads, optimizer and clipping. Tokens per
+    second of wall time and per second of this process's CPU time."""
     torch.set_num_threads(a.threads)
     torch.manual_seed(1337)
     model = Gpt(a.seq, a.layers, a.heads, a.embd)
@@ -168,7 +193,7 @@ def torch_tokens_per_s(a: argparse.Namespace, precision: str) -> float:
     data = torch.frombuffer(bytearray(CORPUS.read_bytes()), dtype=torch.uint8)
     gen = torch.Generator().manual_seed(1)
     ar = torch.arange(a.seq + 1)
-    start = None
+    start = cpu_start = None
     for step in range(1, a.steps + 1):
         starts = torch.randint(0, len(data) - a.seq - 1, (a.batch,), generator=gen)
         w = data[starts[:, None] + ar].long()
@@ -182,41 +207,57 @@ def torch_tokens_per_s(a: argparse.Namespace, precision: str) -> float:
         opt.zero_grad(set_to_none=False)
         loss.item()
         if step == 1:
-            start = time.perf_counter()
-    return (a.steps - 1) * a.batch * a.seq / (time.perf_counter() - start)
+            start, cpu_start = time.perf_counter(), time.process_time()
+    tokens = (a.steps - 1) * a.batch * a.seq
+    return tokens / (time.perf_counter() - start), tokens / (time.process_time() - cpu_start)
 
 
 def speed(a: argparse.Namespace) -> None:
     precisions = ["fp32", "bf16"] if a.precision == "both" else [a.precision]
+    sides = ["headroom", "torch"] + (["before"] if a.before_bin else [])
     print(
         f"{a.layers} layers x {a.embd}, micro-batch {a.batch} x {a.seq} tokens, "
-        f"{a.threads} thread(s), {a.steps} steps per side, {a.rounds} rounds"
+        f"{a.threads} thread(s), {a.steps} steps per side, {a.rounds} rounds, "
+        f"load average {os.getloadavg()[0]:.2f}"
+        + (", per CPU second" if a.cpu_time else ", per wall second")
     )
     with tempfile.TemporaryDirectory() as d:
         for precision in precisions:
-            ratios, hs, ts = [], [], []
+            rates: dict[str, list[float]] = {s: [] for s in sides}
             for r in range(a.rounds):
-                # A B, then B A: neither side always goes first.
-                order = ["headroom", "torch"] if r % 2 == 0 else ["torch", "headroom"]
+                # The sides rotate: none always goes first.
+                order = sides[r % len(sides) :] + sides[: r % len(sides)]
                 got = {}
                 for side in order:
-                    if side == "headroom":
-                        recs = run_headroom(a, Path(d), precision=precision)
-                        got[side] = headroom_tokens_per_s(recs, a)
+                    binary = a.before_bin if side == "before" else ""
+                    if side == "torch":
+                        wall, cpu = torch_tokens_per_s(a, precision)
+                        got[side] = cpu if a.cpu_time else wall
+                    elif a.cpu_time:
+                        got[side] = headroom_cpu_tokens_per_s(
+                            a, Path(d), binary, precision=precision
+                        )
                     else:
-                        got[side] = torch_tokens_per_s(a, precision)
-                hs.append(got["headroom"])
-                ts.append(got["torch"])
-                ratios.append(got["headroom"] / got["torch"])
-                print(
-                    f"  {precision} round {r}: headroom {got['headroom']:9.0f} tok/s, "
-                    f"torch {got['torch']:9.0f} tok/s, ratio {ratios[-1]:.3f}"
+                        recs = run_headroom(a, Path(d), binary, precision=precision)
+                        got[side] = headroom_tokens_per_s(recs, a)
+                for side in sides:
+                    rates[side].append(got[side])
+                line = ", ".join(
+                    f"{side} {got[side]:7.0f} tok/s"
+                    + ("" if side == "torch" else f" ({got[side] / got['torch']:.3f})")
+                    for side in sides
                 )
-            print(
-                f"{precision}: headroom/torch per round {min(ratios):.3f}..{max(ratios):.3f}, "
-                f"median of rounds {statistics.median(ratios):.3f}, ratio of medians "
-                f"{statistics.median(hs) / statistics.median(ts):.3f}"
-            )
+                print(
+                    f"  {precision} round {r} (load {os.getloadavg()[0]:.2f}): {line}",
+                    flush=True,
+                )
+            for side in [s for s in sides if s != "torch"]:
+                ratios = [h / t for h, t in zip(rates[side], rates["torch"])]
+                print(
+                    f"{precision} {side}/torch per round {min(ratios):.3f}..{max(ratios):.3f}, "
+                    f"median of rounds {statistics.median(ratios):.3f}, ratio of medians "
+                    f"{statistics.median(rates[side]) / statistics.median(rates['torch']):.3f}"
+                )
 
 
 def levers(a: argparse.Namespace) -> None:
@@ -279,6 +320,18 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--precision", choices=["fp32", "bf16", "both"], default="both")
+    p.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="speed: tokens per CPU second instead of per wall second (a shared machine's "
+        "load changes wall time far more than CPU time; the built-in side is then a run of "
+        "--steps less a run of 3)",
+    )
+    p.add_argument(
+        "--before-bin",
+        default="",
+        help="speed: a second headroom binary (an older build) timed in the same rounds",
+    )
     p.add_argument("--budget", default="768MiB", help="levers: the controller's budget")
     p.add_argument("--effective", type=int, default=256, help="levers: the effective batch")
     p.add_argument(

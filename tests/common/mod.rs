@@ -1,6 +1,7 @@
 //! Helpers shared by the end-to-end tests, which drive the real `headroom` binary.
 #![allow(dead_code)]
 pub mod pty;
+pub mod screen;
 pub mod stream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -59,10 +60,15 @@ pub fn logged_steps(log: &[serde_json::Value]) -> Vec<u64> {
 /// `headroom train` on the tiny config in `dir`, far too many steps to finish by itself,
 /// logging to `run.jsonl` and checkpointing to `ck`; more flags may follow.
 pub fn long_tiny_command(dir: &Path) -> Command {
+    long_command(dir, &fixture("tiny.toml"))
+}
+
+/// [`long_tiny_command`] with another config.
+pub fn long_command(dir: &Path, config: &Path) -> Command {
     let mut cmd = bin();
     cmd.current_dir(dir)
         .args(["train", "--config"])
-        .arg(fixture("tiny.toml"))
+        .arg(config)
         .args([
             "--steps",
             "100000",

@@ -1,16 +1,11 @@
 //! Switching a memory lever (precision, activation checkpointing) between steps, and
-//! saying what it freed: the first step after the switch against the last one before it.
-use headroom_core::units::fmt_bytes;
-use headroom_core::{Level, Notice};
+//! recording what it freed: the first step after the switch against the last one before
+//! it, as a controller decision ([`Decision::Lever`]) the log, the dashboard and a replay
+//! all show.
+use headroom_core::policy::{Decision, LeverPeak};
 
 /// A step's measured peak and the shape it was measured at.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Measured {
-    pub step: u64,
-    pub peak: u64,
-    pub micro_batch: usize,
-    pub seq_len: usize,
-}
+pub type Measured = LeverPeak;
 
 /// A switch waiting for the first step that runs with it.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,45 +18,20 @@ pub struct PendingSwitch {
 }
 
 impl PendingSwitch {
-    /// The notice once `after` (the first step with the new setting) is measured. Peaks
-    /// compare directly at the same micro-batch and length; at another shape the figure
-    /// per token is what compares.
-    pub fn outcome(&self, after: Measured) -> Notice {
-        let head = format!("step {}: {} ({})", after.step, self.what, self.source);
-        let Some(b) = self.before else {
-            return Notice::new(
-                Level::Info,
-                "lever",
-                format!("{head}: step peak {}", fmt_bytes(after.peak)),
-            );
-        };
-        let shape = |m: Measured| format!("{} × {} tokens", m.micro_batch, m.seq_len);
-        let text = if (b.micro_batch, b.seq_len) == (after.micro_batch, after.seq_len) {
-            let change = if after.peak <= b.peak {
-                format!("{} freed", fmt_bytes(b.peak - after.peak))
-            } else {
-                format!("{} more", fmt_bytes(after.peak - b.peak))
-            };
-            format!(
-                "{head}: step peak {} → {} at {}: {change}",
-                fmt_bytes(b.peak),
-                fmt_bytes(after.peak),
-                shape(after)
-            )
-        } else {
-            let per_token = |m: Measured| m.peak / (m.micro_batch * m.seq_len).max(1) as u64;
-            format!(
-                "{head}: step peak {} at {} (step {}) → {} at {}; {} → {} per token",
-                fmt_bytes(b.peak),
-                shape(b),
-                b.step,
-                fmt_bytes(after.peak),
-                shape(after),
-                fmt_bytes(per_token(b)),
-                fmt_bytes(per_token(after))
-            )
-        };
-        Notice::new(Level::Info, "lever", text)
+    /// The decision once `after` (the first step with the new setting) is measured. Peaks
+    /// compare directly at the same micro-batch and length only; at another shape the
+    /// figure per token is what compares, and no freed amount is claimed.
+    pub fn outcome(&self, after: Measured) -> Decision {
+        let same_shape = self
+            .before
+            .filter(|b| (b.micro_batch, b.seq_len) == (after.micro_batch, after.seq_len));
+        Decision::Lever {
+            change: self.what.clone(),
+            source: self.source.to_string(),
+            before: self.before,
+            after,
+            freed_bytes: same_shape.map(|b| b.peak_bytes as i64 - after.peak_bytes as i64),
+        }
     }
 }
 
@@ -72,33 +42,41 @@ mod tests {
     fn m(step: u64, peak: u64, micro_batch: usize) -> Measured {
         Measured {
             step,
-            peak,
+            peak_bytes: peak,
             micro_batch,
             seq_len: 64,
         }
     }
 
     #[test]
-    fn the_outcome_names_what_was_freed_or_compares_per_token() {
+    fn the_outcome_says_what_was_freed_only_at_the_same_shape() {
         let s = PendingSwitch {
             what: "precision fp32 → bf16".into(),
             source: "command",
             before: Some(m(7, 300 << 20, 8)),
         };
-        let n = s.outcome(m(8, 200 << 20, 8));
-        assert!(
-            n.text.contains("step 8: precision fp32 → bf16 (command)"),
-            "{}",
-            n.text
-        );
-        assert!(n.text.contains("100 MiB freed"), "{}", n.text);
-        let n = s.outcome(m(8, 320 << 20, 8));
-        assert!(n.text.contains("20.0 MiB more"), "{}", n.text);
-        let n = s.outcome(m(8, 300 << 20, 16));
-        assert!(
-            n.text.contains("per token") && n.text.contains("(step 7)"),
-            "{}",
-            n.text
-        );
+        let freed = |d: Decision| match d {
+            Decision::Lever {
+                freed_bytes,
+                change,
+                source,
+                ..
+            } => {
+                assert_eq!(
+                    (change.as_str(), source.as_str()),
+                    (s.what.as_str(), "command")
+                );
+                freed_bytes
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(freed(s.outcome(m(8, 200 << 20, 8))), Some(100 << 20));
+        assert_eq!(freed(s.outcome(m(8, 320 << 20, 8))), Some(-(20 << 20)));
+        assert_eq!(freed(s.outcome(m(8, 300 << 20, 16))), None);
+        let first = PendingSwitch {
+            before: None,
+            ..s.clone()
+        };
+        assert_eq!(freed(first.outcome(m(1, 1 << 20, 8))), None);
     }
 }

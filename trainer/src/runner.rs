@@ -1346,12 +1346,15 @@ impl Trainer {
         self.memory.note_peak(peak, limit, usage);
         let measured = Measured {
             step: plan.step,
-            peak,
+            peak_bytes: peak,
             micro_batch: plan.micro_batch,
             seq_len: plan.seq_len,
         };
         if let Some(switch) = self.switch.take() {
-            bus.send(Telemetry::Notice(switch.outcome(measured)));
+            bus.send(Telemetry::Decision {
+                step: plan.step,
+                decision: switch.outcome(measured),
+            });
         }
         self.last_measured = Some(measured);
         if let Some(p) = self.plan.as_ref().filter(|p| p.is_measured()) {

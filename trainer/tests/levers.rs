@@ -1,5 +1,6 @@
 //! The two memory levers of the built-in model on the CPU: bf16 compute trains like fp32,
 //! and activation checkpointing gives the plain gradients.
+use headroom_core::policy::Decision;
 use headroom_core::{Checkpointing, Precision, RunConfig};
 use headroom_trainer::data::Dataset;
 use headroom_trainer::step::{train_step, StepPlan};
@@ -167,7 +168,7 @@ fn a_resume_with_other_levers_trains_on_and_says_so() {
 }
 
 /// Both levers switched from the dashboard between steps: each command is confirmed with
-/// the step it takes effect at, the first step after the switch says its peak against
+/// the step it takes effect at, the first step after the switch is a lever decision with its peak against
 /// the last one's before it, and the run's checkpoint records the new settings.
 #[test]
 fn levers_switch_live_at_a_step_boundary() {
@@ -227,23 +228,39 @@ fn levers_switch_live_at_a_step_boundary() {
         ]
     );
     tx.send(Command::Resume).unwrap();
-    let said = loop {
-        if let Telemetry::Notice(n) = next() {
-            if n.source == "lever" {
-                break n.text;
+    // The switch is a controller decision about the first step with it, once measured.
+    let (about, decision) = loop {
+        if let Telemetry::Decision { step, decision } = next() {
+            if matches!(decision, Decision::Lever { .. }) {
+                break (step, decision);
             }
         }
     };
-    assert_contains(
-        &said,
-        &[
-            &format!(
-                "step {}: precision fp32 → bf16, activation checkpointing none → blocks \
-                 (command): step peak",
-                step + 1
-            ),
-            "at 8 × 32 tokens",
-        ],
+    assert_eq!(about, step + 1);
+    let Decision::Lever {
+        change,
+        source,
+        before,
+        after,
+        freed_bytes,
+    } = decision
+    else {
+        unreachable!()
+    };
+    assert_eq!(
+        (change.as_str(), source.as_str()),
+        (
+            "precision fp32 → bf16, activation checkpointing none → blocks",
+            "command"
+        )
+    );
+    let before = before.expect("a step ran before the switch");
+    assert_eq!((before.step, after.step), (step, step + 1));
+    assert_eq!((after.micro_batch, after.seq_len), (8, 32));
+    assert!(after.peak_bytes > 0);
+    assert_eq!(
+        freed_bytes,
+        Some(before.peak_bytes as i64 - after.peak_bytes as i64)
     );
     tx.send(Command::Stop).unwrap();
     let summary = handle.join().unwrap();

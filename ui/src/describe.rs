@@ -1,7 +1,8 @@
 //! Words for the memory controller's messages: the event log's entries and the training
 //! panel's "last decision" lines. Every sentence carries the numbers that caused it, so
 //! the log alone explains a run.
-use headroom_core::policy::{Decision, Profile, ResizeReason, Thresholds};
+use headroom_core::policy::{Decision, LeverPeak, Profile, ResizeReason, Thresholds};
+use headroom_core::units::fmt_bytes;
 use headroom_core::Level;
 
 /// A fraction as a whole percentage: `0.412` → `41%`.
@@ -56,7 +57,50 @@ pub fn decision_level(d: &Decision) -> Level {
             ResizeReason::Grow | ResizeReason::Pinned => Level::Info,
         },
         Decision::EmptyCache { .. } | Decision::Warning { .. } => Level::Warn,
-        Decision::CeilingLearned { .. } | Decision::CeilingRaised { .. } => Level::Info,
+        Decision::CeilingLearned { .. }
+        | Decision::CeilingRaised { .. }
+        | Decision::Lever { .. } => Level::Info,
+    }
+}
+
+/// `8 × 64 tokens`
+fn shape(p: &LeverPeak) -> String {
+    format!("{} × {} tokens", p.micro_batch, p.seq_len)
+}
+
+/// What a lever switch did to the step peak: `300 MiB → 200 MiB at 8 × 64 tokens: 100 MiB
+/// freed`; at another shape than the step before, per token, since the peaks do not
+/// compare directly.
+fn lever_effect(before: Option<&LeverPeak>, after: &LeverPeak, freed: Option<i64>) -> String {
+    match (before, freed) {
+        (Some(b), Some(f)) => {
+            let change = if f >= 0 {
+                format!("{} freed", fmt_bytes(f as u64))
+            } else {
+                format!("{} more", fmt_bytes(f.unsigned_abs()))
+            };
+            format!(
+                "step peak {} → {} at {}: {change}",
+                fmt_bytes(b.peak_bytes),
+                fmt_bytes(after.peak_bytes),
+                shape(after)
+            )
+        }
+        (Some(b), None) => format!(
+            "step peak {} at {} (step {}) → {} at {}; {} → {} per token",
+            fmt_bytes(b.peak_bytes),
+            shape(b),
+            b.step,
+            fmt_bytes(after.peak_bytes),
+            shape(after),
+            fmt_bytes(b.per_token()),
+            fmt_bytes(after.per_token())
+        ),
+        (None, _) => format!(
+            "step peak {} at {}",
+            fmt_bytes(after.peak_bytes),
+            shape(after)
+        ),
     }
 }
 
@@ -127,6 +171,16 @@ fn decision_text(step: u64, d: &Decision) -> String {
             "ceiling dropped after a run without OOMs".into()
         }
         Decision::Warning { text, .. } => without_own_step(step, text).to_string(),
+        Decision::Lever {
+            change,
+            source,
+            before,
+            after,
+            freed_bytes,
+        } => format!(
+            "{change} ({source}): {}",
+            lever_effect(before.as_ref(), after, *freed_bytes)
+        ),
     }
 }
 
@@ -202,6 +256,7 @@ pub fn decision_headline(step: u64, d: &Decision) -> String {
         Decision::CeilingRaised { tokens: None } => "ceiling dropped".into(),
         Decision::Warning { forecast: true, .. } => "forecast warning".into(),
         Decision::Warning { .. } => "warning".into(),
+        Decision::Lever { change, .. } => change.clone(),
     };
     format!("step {step}: {what}")
 }
@@ -253,6 +308,16 @@ pub fn decision_reason(step: u64, d: &Decision, t: Option<&Thresholds>) -> Strin
         Decision::CeilingRaised { tokens: Some(t) } => format!("no OOM for a while: {t} tokens"),
         Decision::CeilingRaised { tokens: None } => "no OOM for a while".into(),
         Decision::Warning { text, .. } => without_own_step(step, text).to_string(),
+        Decision::Lever {
+            source,
+            before,
+            after,
+            freed_bytes,
+            ..
+        } => format!(
+            "switched by {source}; {}",
+            lever_effect(before.as_ref(), after, *freed_bytes)
+        ),
     }
 }
 
@@ -445,5 +510,50 @@ mod tests {
             decision_reason(9, &Decision::EmptyCache { usage: 0.98 }, Some(&t)),
             "98% ≥ emergency 97%"
         );
+    }
+
+    #[test]
+    fn lever_entries_say_what_the_switch_freed_or_compare_per_token() {
+        let peak = |step, mib: u64, micro_batch| LeverPeak {
+            step,
+            peak_bytes: mib << 20,
+            micro_batch,
+            seq_len: 64,
+        };
+        let lever =
+            |before: Option<LeverPeak>, after: LeverPeak, freed: Option<i64>| Decision::Lever {
+                change: "activation checkpointing none → blocks".into(),
+                source: "command".into(),
+                before,
+                after,
+                freed_bytes: freed,
+            };
+        let d = lever(Some(peak(7, 300, 8)), peak(8, 200, 8), Some(100 << 20));
+        assert_eq!(
+            decision_event(8, &d),
+            (
+                Level::Info,
+                "step 8: activation checkpointing none → blocks (command): step peak 300 MiB → \
+                 200 MiB at 8 × 64 tokens: 100 MiB freed"
+                    .into()
+            )
+        );
+        assert_eq!(
+            decision_headline(8, &d),
+            "step 8: activation checkpointing none → blocks"
+        );
+        let d = lever(Some(peak(7, 300, 8)), peak(8, 320, 8), Some(-(20 << 20)));
+        assert!(decision_event(8, &d).1.ends_with(": 20.0 MiB more"));
+        let d = lever(Some(peak(7, 300, 8)), peak(8, 400, 16), None);
+        assert!(
+            decision_reason(8, &d, None)
+                .ends_with("(step 7) → 400 MiB at 16 × 64 tokens; 600 KiB → 400 KiB per token"),
+            "{}",
+            decision_reason(8, &d, None)
+        );
+        let d = lever(None, peak(1, 400, 1), None);
+        assert!(decision_event(1, &d)
+            .1
+            .ends_with(": step peak 400 MiB at 1 × 64 tokens"));
     }
 }

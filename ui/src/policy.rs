@@ -243,7 +243,7 @@ impl PolicyState {
                     predicted: None,
                 });
             }
-            Decision::Warning { .. } => {}
+            Decision::Warning { .. } | Decision::Lever { .. } => {}
         }
         self.last_decision = Some((step, d.clone()));
     }

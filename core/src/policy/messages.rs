@@ -77,6 +77,40 @@ pub enum Decision {
         forecast: bool,
         text: String,
     },
+    /// A memory lever (precision, activation checkpointing) was switched, judged by the
+    /// first step that ran with it: its peak against the last one measured before.
+    /// Recorded about that first step, once it is measured.
+    Lever {
+        /// What changed: `precision fp32 → bf16`, `activation checkpointing none →
+        /// blocks`; switches made before one step are listed together.
+        change: String,
+        /// Who switched: `command` (the dashboard's keys, a viewer) or `controller`
+        /// (`memory.auto_checkpoint` when the smallest micro-batch ran out of memory).
+        source: String,
+        /// The last step measured before the switch; `None` when there was none.
+        before: Option<LeverPeak>,
+        /// The first step measured with the lever switched.
+        after: LeverPeak,
+        /// `before − after` peak bytes when both ran at the same micro-batch and length
+        /// (negative: the peak rose); `None` otherwise (then compare per token).
+        freed_bytes: Option<i64>,
+    },
+}
+
+/// A step's measured peak and the shape it ran at, as a [`Decision::Lever`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeverPeak {
+    pub step: u64,
+    pub peak_bytes: u64,
+    pub micro_batch: usize,
+    pub seq_len: usize,
+}
+
+impl LeverPeak {
+    /// Peak bytes per token of the micro-batch.
+    pub fn per_token(&self) -> u64 {
+        self.peak_bytes / (self.micro_batch * self.seq_len).max(1) as u64
+    }
 }
 
 /// What to do after an OOM.

@@ -16,5 +16,5 @@ pub mod thresholds;
 
 pub use controller::{Controller, ControllerConfig, ALLOCATOR_NOISE, RSS_NOISE};
 pub use memory_model::MemoryModel;
-pub use messages::{Decision, OomOutcome, ResizeReason, StepObservation, Upcoming};
+pub use messages::{Decision, LeverPeak, OomOutcome, ResizeReason, StepObservation, Upcoming};
 pub use thresholds::{Profile, ThresholdError, Thresholds};
