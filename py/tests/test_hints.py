@@ -1,10 +1,14 @@
 """Live hints in a Python run, each raised by its real cause and cleared when the cause
 goes: a leak in the model (a list that keeps a tensor every step), a cache that a shrink
-cannot free; and the parts of a step's fixed memory, counted for the optimizer hint."""
+cannot free, another process taking the host memory the run's limit counted on; and the
+parts of a step's fixed memory, counted for the optimizer hint."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
@@ -100,6 +104,76 @@ def shrink_kept(tmp_path):
     assert cleared["step"] == 9, cleared
     # The figure is the peak after the shrink, as measured.
     assert raised["figure_bytes"] == mem[4]["peak_bytes"]
+
+
+def _kib_field(path: str, key: str) -> int:
+    """A `KEY: N kB` line of a /proc file, in bytes."""
+    text = Path(path).read_text()
+    for line in text.splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+# Another process: takes N bytes of host memory (every page touched), says so, holds them.
+HOLD = """
+import sys, time
+b = bytearray(int(sys.argv[1]))
+b[::4096] = b"x" * len(b[::4096])
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_another_process_taking_host_memory_is_said_and_cleared_when_it_ends(tmp_path):
+    in_fresh_process("test_hints", "other_process", tmp_path)
+
+
+def other_process(tmp_path):
+    log = tmp_path / "other.jsonl"
+    model = TinyGPT()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    # A budget of what the host can give this run now: another process's memory then
+    # lowers the CPU limit under it (the limit is never more than this process holds
+    # plus what the host could still give).
+    room = _kib_field("/proc/self/status", "VmRSS") + _kib_field("/proc/meminfo", "MemAvailable")
+    budget = room - (256 << 20)
+    take = room // 4
+    run = headroom.Run(
+        "other",
+        model=model,
+        effective_batch=8,
+        micro_batch=8,
+        adaptive=False,
+        memory_budget=f"{budget >> 20}MiB",
+        log=log,
+    )
+    holder = None
+    try:
+        for i, b in enumerate(gpt_batches(14, 8)):
+            if i == 4:
+                holder = subprocess.Popen(
+                    [sys.executable, "-c", HOLD, str(take)], stdout=subprocess.PIPE, text=True
+                )
+                assert holder.stdout.readline().strip() == "held"
+            if i == 9:
+                holder.kill()
+                holder.wait()
+            run.backward(b, model.loss)
+            run.step(opt)
+    finally:
+        if holder is not None and holder.poll() is None:
+            holder.kill()
+    run.finish()
+    got = [h for h in hints(log) if h["hint"] == "outside_allocator"]
+    assert [h["raised"] for h in got] == [True, False], got
+    raised, cleared = got
+    assert raised["step"] == 5, raised
+    # What was taken is what the other process holds (and the 256 MiB left out of the
+    # budget), within what the host's own use moved meanwhile.
+    assert 0.8 * take <= raised["figure_bytes"] <= take + (1 << 30), (raised, take)
+    assert "other processes hold host memory" in raised["text"], raised
+    assert cleared["step"] == 10, cleared
 
 
 def test_the_fixed_parts_are_counted_after_the_first_step(tmp_path):
