@@ -140,8 +140,19 @@ fn a_and_m_switch_the_levers_and_the_trainer_confirms_each() {
     pty.send(b"q");
     let status = pty.wait_exit(WAIT).expect("headroom did not exit after q");
     assert!(status.success(), "{}", tail(&pty.output()));
-    // The run's checkpoint keeps the switched levers.
     let log = common::read_log(&log_path);
+    // The memory panel's split follows each lever: the start's, then one per switch, each
+    // with fewer activation bytes per token than the one before (blocks, then bf16).
+    let per_token: Vec<f64> = of_kind(&log, "plan_split")
+        .iter()
+        .map(|s| s["activations_per_token"].as_f64().unwrap())
+        .collect();
+    assert_eq!(per_token.len(), 3, "{per_token:?}");
+    assert!(
+        per_token[1] < per_token[0] && per_token[2] < per_token[1],
+        "{per_token:?}"
+    );
+    // The run's checkpoint keeps the switched levers.
     let saved = of_kind(&log, "checkpoint_saved");
     let ck = saved.last().expect("a checkpoint at the stop")["path"]
         .as_str()

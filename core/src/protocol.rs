@@ -294,6 +294,8 @@ pub struct CatchUp {
     pin: Option<(u64, Record)>,
     ended: Option<(u64, Record)>,
     segments: Option<(u64, Record)>,
+    /// The latest split of a step's memory (the memory panel's stacked bar).
+    plan_split: Option<(u64, Record)>,
     /// A job's latest rows (rank 0 of a torchrun job): one per step, only the last counts.
     job_ranks: Option<(u64, Record)>,
     steps: VecDeque<(u64, Record)>,
@@ -312,6 +314,7 @@ impl CatchUp {
             pin: None,
             ended: None,
             segments: None,
+            plan_split: None,
             job_ranks: None,
             steps: VecDeque::new(),
             samples: VecDeque::new(),
@@ -342,6 +345,9 @@ impl CatchUp {
             // event history it would push the run's events out of the catch-up.
             Telemetry::PlanCheck(_) => {}
             Telemetry::Segments(_) => self.segments = Some(item),
+            // The memory panel's split, sent at the start and after a lever switch: the
+            // latest is in force however long ago it came.
+            Telemetry::PlanSplit(_) => self.plan_split = Some(item),
             // Sent at every step: in the event history they would push the run's events
             // out of the catch-up.
             Telemetry::JobRanks(_) => self.job_ranks = Some(item),
@@ -373,6 +379,7 @@ impl CatchUp {
             &self.pin,
             &self.ended,
             &self.segments,
+            &self.plan_split,
             &self.job_ranks,
         ]
         .into_iter()
@@ -581,6 +588,36 @@ mod tests {
         // One record per step would have pushed the three notices out of the history.
         assert_eq!(kinds, ["notice", "notice", "notice", "job_ranks"]);
         assert_eq!(out[3].msg, rows(50));
+    }
+
+    #[test]
+    fn a_catch_up_keeps_the_latest_memory_split_however_many_events_followed() {
+        let limits = CatchUpLimits {
+            steps: 2,
+            samples: 2,
+            events: 3,
+        };
+        let mut c = CatchUp::new(limits);
+        let split = |model_bytes| {
+            Telemetry::PlanSplit(crate::telemetry::PlanSplit {
+                model_bytes,
+                overhead_bytes: 10,
+                activations_per_token: 2.5,
+            })
+        };
+        c.keep(&Record::new(0.0, 0.0, split(100)));
+        c.keep(&Record::new(0.0, 1.0, split(200)));
+        for i in 0..10 {
+            c.keep(&Record::new(0.0, 2.0 + i as f64, notice(i)));
+        }
+        let out = c.records();
+        let splits: Vec<&Telemetry> = out
+            .iter()
+            .map(|r| &r.msg)
+            .filter(|m| matches!(m, Telemetry::PlanSplit(_)))
+            .collect();
+        // The start's split would have left the event history after three notices.
+        assert_eq!(splits, [&split(200)]);
     }
 
     /// docs/PROTOCOL.md and these types say the same thing: every line of its worked

@@ -1313,12 +1313,7 @@ impl Trainer {
         };
         bus.send(Telemetry::Notice(Notice::new(Level::Info, "plan", text)));
         if let Ok(plan) = &probed {
-            // The memory panel's stacked bar: what is fixed, what each token adds.
-            bus.send(Telemetry::PlanSplit(PlanSplit {
-                model_bytes: plan.model_bytes(),
-                overhead_bytes: plan.fixed(lever).saturating_sub(plan.model_bytes()),
-                activations_per_token: plan.per_token(lever).total(),
-            }));
+            bus.send(Telemetry::PlanSplit(plan_split(plan, lever)));
         }
         self.plan = Some(probed.unwrap_or_else(|_| {
             let held = self
@@ -1355,6 +1350,14 @@ impl Trainer {
                 step: plan.step,
                 decision: switch.outcome(measured),
             });
+            // The memory panel's bar follows the lever now in force.
+            if let Some(p) = self.plan.as_ref().filter(|p| p.is_measured()) {
+                let lever = Lever {
+                    precision: self.model.precision(),
+                    checkpoint: self.model.checkpointing(),
+                };
+                bus.send(Telemetry::PlanSplit(plan_split(p, lever)));
+            }
         }
         self.last_measured = Some(measured);
         if let Some(p) = self.plan.as_ref().filter(|p| p.is_measured()) {
@@ -1809,6 +1812,15 @@ impl Trainer {
             });
         }
         Flow::Stop
+    }
+}
+
+/// The memory panel's stacked bar under `lever`: what is fixed, what each token adds.
+fn plan_split(plan: &Plan, lever: Lever) -> PlanSplit {
+    PlanSplit {
+        model_bytes: plan.model_bytes(),
+        overhead_bytes: plan.fixed(lever).saturating_sub(plan.model_bytes()),
+        activations_per_token: plan.per_token(lever).total(),
     }
 }
 
