@@ -102,6 +102,10 @@ pub struct TrainArgs {
     /// Make --memory-budget a real allocation cap (RLIMIT_DATA), so overruns fail for real
     #[arg(long)]
     pub hard_limit: bool,
+    /// On a CUDA out-of-memory error, write the allocator's snapshot (PyTorch memory_viz's
+    /// pickle) beside the checkpoints
+    #[arg(long)]
+    pub oom_snapshot: bool,
     /// Raise an out-of-memory error inside these steps (testing recovery); also
     /// HEADROOM_INJECT_OOM
     #[arg(long, value_name = "STEP[,STEP...]", value_delimiter = ',')]
@@ -287,6 +291,9 @@ impl TrainArgs {
         }
         if self.hard_limit {
             cfg.memory.hard_limit = true;
+        }
+        if self.oom_snapshot {
+            cfg.memory.oom_snapshot = true;
         }
         if let Some(a) = self.on_usr1 {
             cfg.run.on_usr1 = a;

@@ -371,3 +371,40 @@ fn an_adaptive_resume_replays_the_controller_and_matches_bit_for_bit() {
     eprintln!("without the journal: largest relative loss difference {worst:.2e}");
     assert!(worst < 1e-5, "{worst:e}: more than rounding");
 }
+
+#[test]
+fn an_oom_snapshot_asked_on_the_cpu_is_said_off_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = train_tiny(
+        dir.path(),
+        &[
+            "--steps",
+            "3",
+            "--inject-oom",
+            "2",
+            "--oom-snapshot",
+            "--checkpoint-dir",
+            "ck",
+            "--log",
+            "run.jsonl",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let log = read_log(&dir.path().join("run.jsonl"));
+    let said: Vec<&str> = of_kind(&log, "notice")
+        .iter()
+        .filter_map(|n| n["text"].as_str())
+        .collect();
+    assert!(
+        said.iter()
+            .any(|t| t.starts_with("oom_snapshot: off on the CPU")),
+        "{said:?}"
+    );
+    assert_eq!(of_kind(&log, "oom").len(), 1, "the OOM happened");
+    let pickles: Vec<_> = std::fs::read_dir(dir.path().join("ck"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains("pickle"))
+        .collect();
+    assert!(pickles.is_empty(), "{pickles:?}");
+}

@@ -394,6 +394,10 @@ pub struct MemorySection {
     /// activation checkpointing on (`model.checkpoint = "blocks"`) and retry the step,
     /// instead of stopping. Off by default: it changes the run's speed unasked.
     pub auto_checkpoint: bool,
+    /// On a CUDA out-of-memory error, write what the caching allocator held (the pickle
+    /// PyTorch's memory_viz reads) beside the checkpoints (`--oom-snapshot`). The CPU has
+    /// no such allocator: there it is said and off.
+    pub oom_snapshot: bool,
 }
 
 impl Default for MemorySection {
@@ -407,6 +411,7 @@ impl Default for MemorySection {
             min_micro_batch: 1,
             max_micro_batch: 0,
             auto_checkpoint: false,
+            oom_snapshot: false,
         }
     }
 }

@@ -41,6 +41,7 @@ use crate::optim::{AdamW, AdamWConfig};
 use crate::peak::PeakMeter;
 use crate::plan_probe;
 use crate::schedule::Schedule;
+use crate::snapshot;
 use crate::step::{self, StepPlan, Stepped};
 use crate::stop::StopSwitch;
 
@@ -954,6 +955,15 @@ impl Trainer {
                 ),
             ));
         }
+        if mem.oom_snapshot && matches!(device, Device::Cpu) {
+            notices.push(Notice::new(
+                Level::Info,
+                "memory",
+                "oom_snapshot: off on the CPU: the snapshot is the CUDA caching allocator's \
+                 (the pickle PyTorch's memory_viz reads), and the CPU has none"
+                    .to_string(),
+            ));
+        }
         let effective = cfg.batch.effective();
         let max = match mem.max_micro_batch {
             0 => effective,
@@ -1407,6 +1417,37 @@ impl Trainer {
     /// half-accumulated are zeroed, the cache freed, and the controller picks the size
     /// the same samples are retried with. The optimizer never saw the attempt: its update
     /// is all-or-nothing (see [`AdamW::step`]).
+    /// With `memory.oom_snapshot` on CUDA: what the caching allocator held when the step
+    /// ran out of memory, as memory_viz's pickle, beside the checkpoints; its path goes in
+    /// the event log. A snapshot that fails is said and never ends the run it explains.
+    fn snapshot_oom(&self, bus: &Bus, step: u64) {
+        if !self.cfg.memory.oom_snapshot || matches!(self.device, Device::Cpu) {
+            return;
+        }
+        let (level, text) = match snapshot::pickled() {
+            Some(Ok(bytes)) => match snapshot::write_oom(&self.checkpoint_dir, step, &bytes) {
+                Ok(path) => (
+                    Level::Info,
+                    format!(
+                        "step {step}: what the allocator held at the out-of-memory error is \
+                         in {} (open it at https://pytorch.org/memory_viz)",
+                        path.display()
+                    ),
+                ),
+                Err(e) => (
+                    Level::Warn,
+                    format!("step {step}: the out-of-memory snapshot could not be written: {e}"),
+                ),
+            },
+            Some(Err(e)) => (
+                Level::Warn,
+                format!("step {step}: the out-of-memory snapshot failed: {e}"),
+            ),
+            None => return,
+        };
+        bus.send(Telemetry::Notice(Notice::new(level, "memory", text)));
+    }
+
     fn recover_from_oom(
         &mut self,
         bus: &Bus,
@@ -1424,6 +1465,7 @@ impl Trainer {
             error: first_line(&error),
         });
         self.apply(bus, plan.step, outcome.decisions);
+        self.snapshot_oom(bus, plan.step);
         if outcome.retry_with.is_some() {
             return Ok(());
         }

@@ -2,6 +2,8 @@
 //! [`SegmentMap`]. The pickled bytes come from `torch::cuda::_memory_snapshot_pickled`,
 //! resolved at run time by the shim so CPU-only libtorch builds still link.
 use std::ffi::{c_char, c_int, CStr};
+use std::io::Write;
+use std::path::{Path, PathBuf};
 
 use headroom_core::{Segment, SegmentMap};
 
@@ -30,6 +32,24 @@ pub fn pickled() -> Option<Result<Vec<u8>, String>> {
     let bytes = unsafe { std::slice::from_raw_parts(ptr, len) }.to_vec();
     unsafe { hr_free(ptr) };
     Some(Ok(bytes))
+}
+
+/// Writes an out-of-memory snapshot of step `step` into `dir` as memory_viz's pickle,
+/// whole or not at all (a temporary file renamed into place): a half-written file would
+/// not load, and it is what explains the run's failure.
+pub fn write_oom(dir: &Path, step: u64, pickled: &[u8]) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(format!("oom-step{step:06}.pickle"));
+    let tmp = dir.join(format!(".oom-step{step:06}.pickle.tmp"));
+    let written = std::fs::File::create(&tmp).and_then(|mut f| {
+        f.write_all(pickled)?;
+        f.sync_all()
+    });
+    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, &path)) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(path)
 }
 
 /// Segments of `device` from a pickled snapshot.
@@ -70,6 +90,24 @@ pub fn segment_map(pickled: &[u8], device: usize) -> Result<SegmentMap, String> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_oom_snapshot_is_written_whole_under_the_steps_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let into = dir.path().join("runs").join("x");
+        let path = write_oom(&into, 7, b"\x80\x04pickled").unwrap();
+        assert_eq!(path, into.join("oom-step000007.pickle"));
+        assert_eq!(std::fs::read(&path).unwrap(), b"\x80\x04pickled");
+        let names: Vec<_> = std::fs::read_dir(&into)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "no temporary file left: {names:?}");
+        // A directory that cannot be written is an error, not a partial file.
+        let blocked = dir.path().join("file");
+        std::fs::write(&blocked, "").unwrap();
+        assert!(write_oom(&blocked, 1, b"x").is_err());
+    }
 
     #[test]
     fn no_accelerator_means_no_snapshot() {
