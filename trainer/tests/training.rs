@@ -411,7 +411,14 @@ fn commands_are_answered_with_what_was_applied() {
         }
         other => panic!("expected ThresholdsChanged, got {other:?}"),
     }
-    assert_eq!(next_event(&rx.events), status(RunStatus::Running));
+    // The start's plan (its probe's notice and the memory panel's split), then the run.
+    let mut next = next_event(&rx.events);
+    while matches!(&next, Telemetry::Notice(n) if n.source == "plan")
+        || matches!(next, Telemetry::PlanSplit(_))
+    {
+        next = next_event(&rx.events);
+    }
+    assert_eq!(next, status(RunStatus::Running));
     assert_eq!(next_event(&rx.events), status(RunStatus::Paused));
     expect_applied(&rx.events, Command::Pause, "paused after step 0");
 
@@ -436,9 +443,13 @@ fn commands_are_answered_with_what_was_applied() {
         .recv_timeout(Duration::from_secs(30))
         .unwrap()
         .msg;
-    if let Telemetry::StepMemory(m) = &first {
-        // The step's memory comes just before its metrics.
-        assert_eq!(m.step, 1);
+    // The step's plan check and memory come just before its metrics.
+    while let Telemetry::StepMemory(_) | Telemetry::PlanCheck(_) = &first {
+        match &first {
+            Telemetry::StepMemory(m) => assert_eq!(m.step, 1),
+            Telemetry::PlanCheck(c) => assert_eq!(c.step, 1),
+            _ => unreachable!(),
+        }
         first = rx
             .metrics
             .recv_timeout(Duration::from_secs(30))
