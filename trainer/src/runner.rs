@@ -1362,19 +1362,12 @@ impl Trainer {
             });
             // The memory panel's bar follows the lever now in force.
             if let Some(p) = self.plan.as_ref().filter(|p| p.is_measured()) {
-                let lever = Lever {
-                    precision: self.model.precision(),
-                    checkpoint: self.model.checkpointing(),
-                };
-                bus.send(Telemetry::PlanSplit(plan_split(p, lever)));
+                bus.send(Telemetry::PlanSplit(plan_split(p, self.lever())));
             }
         }
         self.last_measured = Some(measured);
         if let Some(p) = self.plan.as_ref().filter(|p| p.is_measured()) {
-            let lever = Lever {
-                precision: self.model.precision(),
-                checkpoint: self.model.checkpointing(),
-            };
+            let lever = self.lever();
             bus.send(Telemetry::PlanCheck(PlanCheck {
                 step: plan.step,
                 micro_batch: plan.micro_batch,
@@ -1417,6 +1410,14 @@ impl Trainer {
     /// half-accumulated are zeroed, the cache freed, and the controller picks the size
     /// the same samples are retried with. The optimizer never saw the attempt: its update
     /// is all-or-nothing (see [`AdamW::step`]).
+    /// The precision and checkpointing in force now (the dashboard can switch both).
+    fn lever(&self) -> Lever {
+        Lever {
+            precision: self.model.precision(),
+            checkpoint: self.model.checkpointing(),
+        }
+    }
+
     /// With `memory.oom_snapshot` on CUDA: what the caching allocator held when the step
     /// ran out of memory, as memory_viz's pickle, beside the checkpoints; its path goes in
     /// the event log. A snapshot that fails is said and never ends the run it explains.
@@ -1497,13 +1498,7 @@ impl Trainer {
         let levers = match &self.plan {
             Some(p) if plan.micro_batch == 1 => format!(
                 " What would fit: {}.",
-                p.levers_that_fit(
-                    Lever {
-                        precision: self.model.precision(),
-                        checkpoint: self.model.checkpointing(),
-                    },
-                    plan.seq_len
-                )
+                p.levers_that_fit(self.lever(), plan.seq_len)
             ),
             _ => String::new(),
         };
