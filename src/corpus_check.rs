@@ -8,10 +8,17 @@ use std::io::ErrorKind;
 use std::path::{Component, Path, PathBuf};
 
 /// Checks that `path` leads to a readable file. `given`: how the user gave it, for the
-/// fix (`--corpus`, `data.corpus in run.toml`).
-pub fn check(path: &Path, given: &str) -> Result<(), String> {
+/// fix (`--corpus`, `data.corpus in run.toml`); `resuming`: the run continues a
+/// checkpoint, which trains on its own text only (the bundled one would be refused).
+pub fn check(path: &Path, given: &str, resuming: bool) -> Result<(), String> {
     let shown = path.display();
-    let fix = format!("fix {given} (or leave it empty for the bundled tinyshakespeare)");
+    let fix = if resuming {
+        "pass --corpus with the path where the checkpoint's text is now (a different text \
+         also needs --allow-changed-corpus)"
+            .to_string()
+    } else {
+        format!("fix {given} (or leave it empty for the bundled tinyshakespeare)")
+    };
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
         Err(e) => return Err(unreachable(path, &e, &fix)),
@@ -145,7 +152,7 @@ mod tests {
         std::os::unix::fs::symlink(d.join("loop-a"), d.join("loop-b")).unwrap();
         std::fs::create_dir(d.join("empty")).unwrap();
         let given = "data.corpus in run.toml";
-        let err = |p: PathBuf| check(&p, given).unwrap_err();
+        let err = |p: PathBuf| check(&p, given, false).unwrap_err();
         let e = err(d.join("notes.txt/train.txt"));
         assert!(e.contains("notes.txt is a file, not a directory"), "{e}");
         let e = err(d.join("missing/train.txt"));
@@ -171,6 +178,6 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("holds no files"), "{e}");
-        assert!(check(&d.join("notes.txt"), given).is_ok());
+        assert!(check(&d.join("notes.txt"), given, false).is_ok());
     }
 }

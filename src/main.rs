@@ -28,6 +28,11 @@ use headroom_trainer::stop::StopSwitch;
 use cli::{Cli, Commands, TrainArgs};
 use headless::StreamEnd;
 
+/// headroom's own allocations fall back to pages a hard cap does not count, so the cap
+/// refuses training's allocations only (headroom_host::own_heap).
+#[global_allocator]
+static OWN_HEAP: headroom_host::own_heap::OwnHeap = headroom_host::own_heap::OwnHeap;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -108,7 +113,7 @@ fn train(mut args: TrainArgs) -> Result<u8> {
             }
             (None, None, None) => "data.corpus".to_string(),
         };
-        corpus_check::check(&corpus, &given).map_err(anyhow::Error::msg)?;
+        corpus_check::check(&corpus, &given, args.resume.is_some()).map_err(anyhow::Error::msg)?;
         inputs.push(("corpus", &corpus));
     }
     if let Some(c) = &args.config {

@@ -16,11 +16,15 @@
 //! Asking a second time ends the process at once (exit 130): checkpoints are written whole
 //! or not at all, so the last one on disk stays good. SIGHUP and SIGXCPU repeated are the
 //! same event (the kernel sends SIGXCPU every second past the soft limit), not the user
-//! insisting. SIGTSTP, while the dashboard owns the terminal, asks the screen to hand the
+//! insisting. So is the same signal again within [`SAME_REQUEST`] of the first (SIGINT and
+//! SIGQUIT excepted: a keyboard sends those once per key press): GNU `timeout`, a
+//! supervisor that signals the process group, or `kill -TERM PID` followed by
+//! `kill -TERM -PGID` deliver one request twice, microseconds apart. SIGTSTP, while the dashboard owns the terminal, asks the screen to hand the
 //! terminal back before the process stops.
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use crossbeam_channel::Sender;
@@ -42,7 +46,15 @@ pub struct Flags {
     /// The trainer has ended (its last checkpoint written): only the log and the viewers
     /// are being closed. A second stop then says so instead of "the step in progress".
     pub ended: Arc<AtomicBool>,
+    /// The first stop request: who asked and when (a repeat within [`SAME_REQUEST`] is it
+    /// again, not a second request).
+    pub first_stop: Arc<Mutex<Option<(String, Instant)>>>,
 }
+
+/// The same stop signal again within this of the first is the same request delivered
+/// twice (to the process and to its group), not someone insisting; a deliberate second
+/// request comes later than a person can react.
+pub const SAME_REQUEST: Duration = Duration::from_secs(1);
 
 /// What a signal asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -219,8 +231,33 @@ fn on_signal(w: &Wiring, signal: i32, action: Action) {
 /// progress up at its next micro-batch and says at once what the checkpoint will be of;
 /// a second ends the process now (unless `repeat_is_same`: then it is ignored).
 pub fn ask_stop(w: &Wiring, who: &str, repeat_is_same: bool) {
+    let first = {
+        let mut first = w.flags.first_stop.lock().unwrap_or_else(|p| p.into_inner());
+        first
+            .get_or_insert_with(|| (who.to_string(), Instant::now()))
+            .clone()
+    };
     if w.flags.stop.swap(true, Ordering::SeqCst) {
         if repeat_is_same {
+            return;
+        }
+        let (first_who, at) = first;
+        let since = at.elapsed();
+        if first_who == who && is_machinery(who) && since < SAME_REQUEST {
+            say(
+                &w.bus,
+                Notice::new(
+                    Level::Info,
+                    "stop",
+                    format!(
+                        "{who} again {:.3} s later: the same request (a signal sent to the \
+                         process and to its group arrives twice); the stop goes on. Send it \
+                         again after {} s to exit at once",
+                        since.as_secs_f64(),
+                        SAME_REQUEST.as_secs()
+                    ),
+                ),
+            );
             return;
         }
         if let Some(s) = &w.socket {
@@ -239,6 +276,13 @@ pub fn ask_stop(w: &Wiring, who: &str, repeat_is_same: bool) {
         ),
     );
     let _ = w.commands.try_send(Command::Stop);
+}
+
+/// Whether a repeat of `who` within [`SAME_REQUEST`] is one delivery doubled: signals that
+/// programs send. A keyboard's (Ctrl-C, Ctrl-\) reaches the process once per key press,
+/// so pressing it again is a person insisting, however soon; so is `q`.
+fn is_machinery(who: &str) -> bool {
+    who.starts_with("SIG") && who != "SIGINT" && who != "SIGQUIT"
 }
 
 /// What a second request to stop leaves, said exactly: where the run was decides it.

@@ -16,6 +16,8 @@ fn hard_limit_recovers_from_real_ooms_and_settles_under_target() {
             "--headless",
             "--device",
             "cpu",
+            "--threads",
+            "1",
             "--steps",
             "14",
             "--batch-size",
@@ -78,52 +80,71 @@ fn hard_limit_recovers_from_real_ooms_and_settles_under_target() {
 
 /// One sequence of 8192 tokens needs about 900 MiB; under a 420 MiB cap it fails at
 /// micro-batch 1, three times: the run stops with a checkpoint and a message, not a crash.
+/// The second run fills the cap at the give-up (`HEADROOM_INJECT_FULL_CAP`), so that the
+/// record, the checkpoint and the message are written while the kernel gives no new
+/// memory at all, as when training holds the cap full: headroom's own allocations must
+/// not be what the cap refuses (Rust aborts on a refused allocation: exit 134, no record,
+/// no checkpoint).
 #[test]
 fn gives_up_at_micro_batch_one_with_a_checkpoint_and_a_reason() {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("long.toml"), "[data]\nseq_len = 8192\n").unwrap();
-    let out = bin()
-        .current_dir(dir.path())
-        .args([
-            "train",
-            "--headless",
-            "--device",
-            "cpu",
-            "--config",
-            "long.toml",
-            "--steps",
-            "3",
-            "--batch-size",
-            "1",
-            "--effective-batch",
-            "2",
-            "--memory-budget",
-            "420MiB",
-            "--hard-limit",
-            "--log",
-            "run.jsonl",
-            "--checkpoint-dir",
-            "ck",
-        ])
-        .output()
-        .unwrap();
-    let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("ran out of memory 3 times in a row at micro-batch 1"),
-        "{err}"
-    );
-    assert!(
-        err.contains("--memory-budget") && err.contains("--resume"),
-        "{err}"
-    );
-    assert!(!err.contains("panicked"), "{err}");
-    let log = read_log(&dir.path().join("run.jsonl"));
-    let ooms = of_kind(&log, "oom");
-    assert_eq!(ooms.last().unwrap()["retry_with"], serde_json::Value::Null);
-    assert!(ooms.iter().all(|o| o["step"] == 1));
-    assert_eq!(log.last().unwrap()["kind"], "failed");
-    assert!(dir.path().join("ck/step-000000/state.json").exists());
+    for full_cap in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("long.toml"), "[data]\nseq_len = 8192\n").unwrap();
+        let mut cmd = bin();
+        if full_cap {
+            cmd.env("HEADROOM_INJECT_FULL_CAP", "1");
+        }
+        // One libtorch thread: each thread's stack is data the cap counts, and a pool
+        // sized by the machine's cores would change what fits.
+        let out = cmd
+            .current_dir(dir.path())
+            .args([
+                "train",
+                "--headless",
+                "--device",
+                "cpu",
+                "--threads",
+                "1",
+                "--config",
+                "long.toml",
+                "--steps",
+                "3",
+                "--batch-size",
+                "1",
+                "--effective-batch",
+                "2",
+                "--memory-budget",
+                "420MiB",
+                "--hard-limit",
+                "--log",
+                "run.jsonl",
+                "--checkpoint-dir",
+                "ck",
+            ])
+            .output()
+            .unwrap();
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "full cap {full_cap}: {err}");
+        assert!(
+            err.contains("ran out of memory 3 times in a row at micro-batch 1"),
+            "{err}"
+        );
+        assert!(
+            err.contains("--memory-budget") && err.contains("--resume"),
+            "{err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+        let log = read_log(&dir.path().join("run.jsonl"));
+        let ooms = of_kind(&log, "oom");
+        assert_eq!(ooms.last().unwrap()["retry_with"], serde_json::Value::Null);
+        assert!(ooms.iter().all(|o| o["step"] == 1));
+        assert_eq!(log.last().unwrap()["kind"], "failed", "full cap {full_cap}");
+        assert!(dir.path().join("ck/step-000000/state.json").exists());
+        assert!(
+            err.contains("the state after step 0 is saved at"),
+            "full cap {full_cap}: {err}"
+        );
+    }
 }
 
 #[test]

@@ -117,6 +117,8 @@ fn last_words_name_the_lever_that_would_fit() {
         .args([
             "train",
             "--headless",
+            "--threads",
+            "1",
             "--device",
             "cpu",
             "--config",

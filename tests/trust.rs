@@ -186,11 +186,21 @@ fn fifos_without_a_peer_fail_fast_with_the_fix() {
     for (args, needles) in [
         (
             &["--log", "log.fifo"][..],
-            &["--log", "no reader", "start its reader"][..],
+            &[
+                "--log",
+                "no reader",
+                "start its reader",
+                "waiting up to 1 s for a reader",
+            ][..],
         ),
         (
             &["--corpus", "corpus.fifo"][..],
-            &["corpus.fifo", "FIFO", "start its writer"][..],
+            &[
+                "corpus.fifo",
+                "FIFO",
+                "start its writer",
+                "waiting up to 1 s for a writer",
+            ][..],
         ),
     ] {
         let start = Instant::now();
@@ -310,22 +320,33 @@ fn sighup_and_sigquit_stop_with_a_checkpoint() {
 }
 
 /// Asked twice, the run ends at once (exit 130) instead of finishing a long step, and the
-/// checkpoint it leaves resumes.
+/// checkpoint it leaves resumes. The second SIGTERM comes later than the window in which a
+/// repeat is the same request (a signal sent to the process and to its group).
 #[test]
 fn a_second_sigterm_ends_the_run_at_once_and_the_last_checkpoint_resumes() {
     let dir = tempfile::tempdir().unwrap();
-    // Steps of a few seconds each: 8192 sequences per micro-batch.
+    // Micro-batches of about 6 s on this machine (one per step), measured, up to 16384
+    // sequences (1.5 GiB): the stop waits for the one in progress, and the second request,
+    // later than the same-request window, must find it still running.
+    let rate = common::tiny_sequences_per_second(dir.path(), 256, 256);
+    let batch = ((rate * 6.0 / 256.0).ceil() as usize).clamp(1, 64) * 256;
+    let batch = batch.to_string();
     let mut child = long_run(
         dir.path(),
         "run.jsonl",
         1,
-        &["--batch-size", "8192", "--threads", "1"],
+        &["--batch-size", &batch, "--threads", "1"],
     );
     wait_for("a checkpoint", Duration::from_secs(120), || {
         dir.path().join("ck/latest").exists()
     });
     signal(&child, libc::SIGTERM);
-    std::thread::sleep(Duration::from_millis(100));
+    wait_for(
+        "the stop's acknowledgement",
+        Duration::from_secs(10),
+        || count_in(&dir.path().join("stderr.txt"), "SIGTERM: stopping") > 0,
+    );
+    std::thread::sleep(Duration::from_millis(1200));
     let asked = Instant::now();
     signal(&child, libc::SIGTERM);
     let status = wait_exit(&mut child, Duration::from_secs(30));

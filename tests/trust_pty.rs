@@ -91,9 +91,12 @@ fn a_hangup_on_the_dashboard_stops_the_run_with_a_checkpoint() {
 #[test]
 fn a_second_q_ends_the_process_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    // Steps of seconds: the first q alone would wait for one.
+    // Micro-batches of about 6 s on this machine (one per step), measured: the first q
+    // alone would wait for the one in progress.
+    let rate = common::tiny_sequences_per_second(dir.path(), 256, 256);
+    let batch = ((rate * 6.0 / 256.0).ceil() as usize).clamp(1, 64) * 256;
     let mut cmd = long_tiny_command(dir.path());
-    cmd.args(["--batch-size", "8192", "--threads", "1"]);
+    cmd.args(["--batch-size", &batch.to_string(), "--threads", "1"]);
     let mut pty = Pty::spawn(cmd, 100, 30);
     let log = dir.path().join("run.jsonl");
     assert!(wait_for_log(

@@ -79,6 +79,10 @@ pub struct Bus {
     dropped: Arc<AtomicU64>,
     /// Live hints computed from what passes through (a run's bus; none for a viewer's).
     hints: Option<Arc<Mutex<HintEngine>>>,
+    /// The run has said how it ended (its summary, or why it failed): its record ends there, so
+    /// sensor readings after it (a dashboard open until `q`) stay off the log and the
+    /// stream.
+    ended: Arc<AtomicBool>,
 }
 
 pub struct BusReceivers {
@@ -147,6 +151,7 @@ impl Bus {
             started: Instant::now(),
             dropped: Arc::new(AtomicU64::new(0)),
             hints: None,
+            ended: Arc::new(AtomicBool::new(false)),
         };
         let rx = BusReceivers {
             events: erx,
@@ -183,7 +188,17 @@ impl Bus {
     }
 
     fn deliver(&self, msg: Telemetry) {
+        if matches!(msg, Telemetry::Finished(_) | Telemetry::Failed { .. }) {
+            self.ended.store(true, Ordering::SeqCst);
+        }
         let record = self.stamp(msg);
+        let reading = matches!(record.msg, Telemetry::Sample(_) | Telemetry::Segments(_));
+        if reading && self.ended.load(Ordering::SeqCst) {
+            if let Err(TrySendError::Full(_)) = self.metrics.try_send(record) {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            return;
+        }
         if let Some(log) = &self.log {
             self.offer_record(log, "log", "the log's reader", record.clone());
         }
@@ -376,14 +391,30 @@ mod tests {
     #[test]
     fn log_gets_every_message_stamped_in_order() {
         let (bus, rx) = Bus::new(true);
-        bus.send(Telemetry::Failed { reason: "a".into() });
+        bus.send(status());
         bus.send(Telemetry::Sample(SystemSample::default()));
         let log = rx.log.unwrap();
         let first = log.recv().unwrap();
         let second = log.recv().unwrap();
-        assert_eq!(first.msg.kind(), "failed");
+        assert_eq!(first.msg.kind(), "status");
         assert_eq!(second.msg.kind(), "sample");
         assert!(first.t <= second.t && first.ts > 1.0e9);
+    }
+
+    /// A dashboard stays open after the run ended, its sampler still reading: the log and
+    /// the stream end with the run's end, the screen keeps its readings.
+    #[test]
+    fn readings_after_the_runs_end_reach_the_screen_only() {
+        let (bus, rx) = Bus::with_sinks(true, true);
+        bus.send(Telemetry::Sample(SystemSample::default()));
+        bus.send(Telemetry::Failed { reason: "a".into() });
+        bus.send(Telemetry::Sample(SystemSample::default()));
+        bus.send(Telemetry::Segments(Default::default()));
+        for sink in [rx.log.unwrap(), rx.serve.unwrap()] {
+            let kinds: Vec<_> = sink.try_iter().map(|r| r.msg.kind()).collect();
+            assert_eq!(kinds, ["sample", "failed"]);
+        }
+        assert_eq!(rx.metrics.try_iter().count(), 3);
     }
 
     fn status() -> Telemetry {

@@ -5,6 +5,7 @@
 pub mod conn;
 pub mod logger;
 pub mod out;
+pub mod own_heap;
 pub mod procmem;
 pub mod rundir;
 pub mod sampler;

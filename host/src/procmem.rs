@@ -139,6 +139,8 @@ pub fn set_hard_limit(budget: u64) -> Result<u64, String> {
     // Served by mmap, a freed tensor leaves the data segment at once. Not for every CPU
     // run: each large tensor then comes from fresh pages, and the default model trained
     // 1.6-1.8x slower (benches/overhead.rs; docs/BENCHMARKS.md).
+    // Where headroom's own allocations go when the cap refuses them (own_heap.rs).
+    crate::own_heap::reserve();
     // SAFETY: mallopt only sets a glibc tunable; called before training allocates.
     if unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) } != 1 {
         return Err("cannot set glibc's mmap threshold for --hard-limit".into());
@@ -168,6 +170,34 @@ pub fn set_hard_limit(budget: u64) -> Result<u64, String> {
         ));
     }
     Ok(cap)
+}
+
+/// The environment variable that fills the cap at a run's give-up ([`fill_cap_now`]).
+pub const FILL_CAP_AT_GIVE_UP: &str = "HEADROOM_INJECT_FULL_CAP";
+
+/// Fault injection for the tests of the hard cap: lowers RLIMIT_DATA to what the data
+/// segment holds now, so that from here on every allocation that needs new memory from
+/// the kernel fails, headroom's own included, as when training holds the cap full.
+/// Does nothing unless [`FILL_CAP_AT_GIVE_UP`] is set and a cap is in force.
+pub fn fill_cap_if_asked() {
+    if std::env::var_os(FILL_CAP_AT_GIVE_UP).is_none() {
+        return;
+    }
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit on a fully initialised struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_DATA, &mut lim) != 0 || lim.rlim_cur == libc::RLIM_INFINITY
+        {
+            return;
+        }
+        if let Some(data) = status_kib("VmData:") {
+            lim.rlim_cur = lim.rlim_cur.min(data * 1024);
+            libc::setrlimit(libc::RLIMIT_DATA, &lim);
+        }
+    }
 }
 
 #[cfg(test)]

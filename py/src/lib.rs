@@ -9,6 +9,11 @@ mod run;
 
 use pyo3::prelude::*;
 
+/// The extension's own allocations fall back to pages a hard cap (`hard_limit=True`)
+/// does not count: the cap refuses torch's allocations, never headroom's bookkeeping.
+#[global_allocator]
+static OWN_HEAP: headroom_host::own_heap::OwnHeap = headroom_host::own_heap::OwnHeap;
+
 /// The process's peak resident set since the last reset, bytes (a CPU step's peak).
 #[pyfunction]
 fn peak_rss() -> PyResult<u64> {

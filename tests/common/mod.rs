@@ -84,3 +84,40 @@ pub fn long_command(dir: &Path, config: &Path) -> Command {
 pub fn long_tiny_run(dir: &Path) -> pty::Pty {
     pty::Pty::spawn(long_tiny_command(dir), 100, 30)
 }
+
+/// The tiny config with the controller off (a fixed micro-batch), written into `dir`:
+/// runs whose steps must split alike, or last as long as they were sized to.
+pub fn tiny_fixed(dir: &Path) -> PathBuf {
+    let config = dir.join("tiny-fixed.toml");
+    let text = std::fs::read_to_string(fixture("tiny.toml")).unwrap();
+    std::fs::write(
+        &config,
+        text.replace("[memory]\n", "[memory]\nadaptive = false\n"),
+    )
+    .unwrap();
+    config
+}
+
+/// The tiny model's sequences per second on this machine, on one thread, at micro-batch
+/// `batch` and `effective` sequences a step (its second step, past the first's warm-up):
+/// a test that needs a step or a micro-batch to last some seconds sizes it from this,
+/// measured the way it will run. A fixed count is long on one machine and short on a
+/// faster one.
+pub fn tiny_sequences_per_second(dir: &Path, batch: usize, effective: usize) -> f64 {
+    let log = dir.join("rate.jsonl");
+    let out = bin()
+        .current_dir(dir)
+        .args(["train", "--headless", "--threads", "1", "--config"])
+        .arg(tiny_fixed(dir))
+        .args(["--steps", "2", "--batch-size", &batch.to_string()])
+        .args(["--effective-batch", &effective.to_string()])
+        .arg("--log")
+        .arg(&log)
+        .output()
+        .expect("running headroom");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let records = read_log(&log);
+    let step = of_kind(&records, "step").last().copied().expect("a step");
+    let _ = std::fs::remove_file(&log);
+    step["samples_per_s"].as_f64().expect("samples_per_s")
+}

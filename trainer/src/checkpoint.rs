@@ -474,12 +474,31 @@ pub fn free_bytes(root: &Path) -> Option<u64> {
     Some(st.f_bavail as u64 * st.f_frsize as u64)
 }
 
-/// About what one checkpoint of a model with `parameters` float32 parameters takes: the
-/// parameters, AdamW's two moments, and 64 KiB for the safetensors headers and state.json
-/// (about 6 KiB for the 1-layer test model, under 40 KiB for GPT-2 small's 148 tensors).
-/// Where a checkpoint of the run exists, [`size_on_disk`] is the exact figure.
-pub fn estimated_size(parameters: u64) -> u64 {
-    parameters * 4 * 3 + (64 << 10)
+/// About what one checkpoint of a model whose float32 parameters have these names and
+/// shapes takes: the parameters and AdamW's two moments with their safetensors headers
+/// (one JSON entry per tensor), and state.json (its fingerprint lists every tensor).
+/// Within a few percent, above rather than below; where a checkpoint of the run exists,
+/// [`size_on_disk`] is the exact figure.
+pub fn estimated_size(shapes: &[(String, Vec<i64>)]) -> u64 {
+    // `"NAME":{"dtype":"F32","shape":[…],"data_offsets":[…,…]},` and state.json's
+    // pretty-printed `{ "name": "NAME", "shape": [ … ] }`: a dimension or an offset is at
+    // most 12 characters written out.
+    let header = |name: &str, dims: usize| (name.len() + 48 + 12 * (dims + 2)) as u64;
+    let pretty = |name: &str, dims: usize| (name.len() + 64 + 16 * dims) as u64;
+    let tensors: u64 = shapes
+        .iter()
+        .map(|(name, shape)| {
+            let bytes = 4 * shape.iter().product::<i64>().max(0) as u64;
+            3 * bytes
+                + header(name, shape.len())
+                + 2 * header(name, shape.len())
+                + 4
+                + pretty(name, shape.len())
+        })
+        .sum();
+    // The two files' length prefixes, the optimizer's step, and state.json's other
+    // fields (config, corpus record, controller journal): a few KiB.
+    tensors + 2 * 8 + 64 + (8 << 10)
 }
 
 /// Bytes the files of one step directory take (what the next save of the same model

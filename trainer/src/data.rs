@@ -312,9 +312,21 @@ fn open_fifo(path: &Path, wait: Duration) -> Result<std::fs::File, DataError> {
         events: libc::POLLIN,
         revents: 0,
     };
-    let ms = wait.as_millis().min(i32::MAX as u128) as i32;
-    // SAFETY: one valid pollfd for the duration of the call.
-    let ready = unsafe { libc::poll(&mut fds, 1, ms) };
+    let poll = |fds: &mut libc::pollfd, wait: Duration| {
+        let ms = wait.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd for the duration of the call.
+        unsafe { libc::poll(fds, 1, ms) }
+    };
+    let mut ready = poll(&mut fds, Duration::ZERO);
+    if ready == 0 {
+        // A start that waits silently looks like a hang.
+        headroom_host::out::err(&format!(
+            "headroom: waiting up to {:.0} s for a writer of the FIFO {} (the corpus)",
+            wait.as_secs_f64(),
+            path.display()
+        ));
+        ready = poll(&mut fds, wait);
+    }
     if ready <= 0 {
         return Err(unreadable(format!(
             "it is a FIFO and nothing wrote to it within {:.0} s; start its writer first, or \

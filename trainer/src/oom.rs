@@ -119,6 +119,21 @@ pub fn held(device: Device) -> (&'static str, String) {
 /// See [`procmem::set_hard_limit`]; re-exported where the trainer's memory lives.
 pub use procmem::{set_hard_limit, HARD_LIMIT_ROOM};
 
+/// Starts libtorch's CPU thread pools now. Their threads are made at the first parallel
+/// op, and each thread's stack is a private mapping that a hard cap counts: started under
+/// the cap, a pool sized by the machine's cores takes the budget's room (8 MiB a thread)
+/// or fails to start at all ("Thread creation failed"). Called before the cap is set.
+pub fn start_thread_pools() {
+    let run = || -> Result<(), TchError> {
+        // An elementwise op over a few of at::parallel_for's grains (32768 elements)
+        // starts the OpenMP team, which the BLAS shares; half a MiB, freed at once.
+        let v = Tensor::f_ones([1 << 17], (Kind::Float, Device::Cpu))?;
+        let _ = v.f_mul_scalar(2.0)?;
+        Ok(())
+    };
+    let _ = run();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -577,3 +577,26 @@ fn default_config_benchmark() {
         summary.last_val_loss
     );
 }
+
+/// The room a fresh run asks the disk for is what its checkpoint then takes: the estimate
+/// (parameters, moments, headers and state.json from the model's tensors) is above the
+/// real size and within 10% of it, for the test model and a wider, deeper one.
+#[test]
+fn a_fresh_runs_checkpoint_size_estimate_is_its_real_size_within_ten_percent() {
+    for (layers, width) in [(2, 32), (4, 128)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = common::tiny();
+        cfg.run.steps = 1;
+        cfg.model.n_layer = layers;
+        cfg.model.n_embd = width;
+        let run = common::run(common::opts(cfg.clone(), dir.path(), None));
+        run.result.as_ref().unwrap();
+        let saved = headroom_trainer::checkpoint::latest_step_dir(dir.path()).unwrap();
+        let real = headroom_trainer::checkpoint::size_on_disk(&saved);
+        let (model, _) = common::fresh(&cfg);
+        let estimate = headroom_trainer::checkpoint::estimated_size(&model.fingerprint());
+        let ratio = estimate as f64 / real as f64;
+        eprintln!("{layers}×{width}: estimate {estimate}, real {real} ({ratio:.3})");
+        assert!((1.0..1.10).contains(&ratio), "{layers}×{width}: {ratio:.3}");
+    }
+}

@@ -1,0 +1,162 @@
+//! The global allocator of headroom's processes under a full hard cap: every allocation
+//! a run's bookkeeping makes (small records, a checkpoint-sized buffer, growing vectors,
+//! zeroed and over-aligned blocks, from several threads) is served, and the cap still
+//! refuses the system allocator, as it refuses libtorch's tensors.
+//!
+//! The cap is process-wide, so the capped half runs in a child process: this test
+//! binary started again with `OWN_HEAP_CHILD` set.
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::process::Command;
+
+use headroom_host::own_heap::{spare_usage, OwnHeap};
+
+#[global_allocator]
+static HEAP: OwnHeap = OwnHeap;
+
+const CHILD: &str = "OWN_HEAP_CHILD";
+
+fn vm_data() -> u64 {
+    headroom_host::procmem::status_kib("VmData:").unwrap() * 1024
+}
+
+/// Fills the cap: from here on the kernel gives no new private memory.
+fn fill_cap() {
+    let lim = libc::rlimit {
+        rlim_cur: vm_data(),
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_DATA, &lim) }, 0);
+}
+
+fn child() {
+    fill_cap();
+    // The cap refuses a fresh mapping: what libtorch's large tensors meet.
+    let refused = unsafe { System.alloc(Layout::from_size_align(64 << 20, 64).unwrap()) };
+    assert!(
+        refused.is_null(),
+        "the cap must refuse the system allocator"
+    );
+
+    // A checkpoint-sized buffer, written end to end.
+    let mut big = vec![7u8; 96 << 20];
+    big[(96 << 20) - 1] = 9;
+    assert_eq!(
+        big.iter().map(|&b| b as u64).sum::<u64>(),
+        7 * (96 << 20) + 2
+    );
+    // A vector grown by doubling, from nothing: realloc moves it between blocks.
+    let mut grown: Vec<u64> = Vec::new();
+    for i in 0..2_000_000u64 {
+        grown.push(i);
+    }
+    assert_eq!(grown.iter().sum::<u64>(), 1_999_999 * 2_000_000 / 2);
+    // Many small records, freed and made again (free lists reused).
+    for round in 0..3 {
+        let records: Vec<String> = (0..50_000)
+            .map(|i| format!("{{\"kind\":\"sample\",\"round\":{round},\"i\":{i}}}"))
+            .collect();
+        assert!(records[49_999].contains("49999"));
+    }
+    // Zeroed and over-aligned blocks.
+    let zeroed = vec![0u64; 300_000];
+    assert!(zeroed.iter().all(|&z| z == 0));
+    for align in [16usize, 256, 4096, 1 << 16] {
+        let l = Layout::from_size_align(100, align).unwrap();
+        let p = unsafe { std::alloc::alloc_zeroed(l) };
+        assert!(!p.is_null() && p as usize % align == 0, "align {align}");
+        assert!((0..100).all(|i| unsafe { *p.add(i) } == 0));
+        unsafe { std::alloc::dealloc(p, l) };
+    }
+    drop(big);
+    drop(grown);
+    let usage = spare_usage();
+    assert!(usage.served > 0, "{usage:?}");
+    println!(
+        "served {} blocks, {} bytes live",
+        usage.served, usage.live_bytes
+    );
+}
+
+#[test]
+fn a_full_cap_refuses_the_system_allocator_and_never_headrooms_own_allocations() {
+    if std::env::var_os(CHILD).is_some() {
+        child();
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(exe)
+        .args([
+            "--exact",
+            "a_full_cap_refuses_the_system_allocator_and_never_headrooms_own_allocations",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{:?}: {text}", out.status);
+    assert!(text.contains("served "), "{text}");
+}
+
+/// Threads that allocate at once under a full cap: the spare pages' lock keeps their
+/// blocks apart. The threads start before the cap is filled (a thread's stack is a
+/// private mapping, like the run's own threads, which exist before it trains).
+#[test]
+fn threads_allocating_at_once_under_a_full_cap_keep_their_blocks_apart() {
+    if std::env::var_os(CHILD).is_some() {
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(5));
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let barrier = barrier.clone();
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    let mut kept = Vec::new();
+                    for i in 0..20_000u64 {
+                        kept.push(vec![t * 1_000_000 + i; (i % 64 + 1) as usize]);
+                        if i % 3 == 0 {
+                            kept.swap_remove((i as usize * 7) % kept.len());
+                        }
+                    }
+                    kept.iter()
+                        .all(|v| v.iter().all(|&x| x / 1_000_000 == t && x == v[0]))
+                })
+            })
+            .collect();
+        fill_cap();
+        barrier.wait();
+        for t in threads {
+            assert!(
+                t.join().unwrap(),
+                "a block was overwritten by another thread"
+            );
+        }
+        assert!(spare_usage().served > 0);
+        println!("ok");
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(exe)
+        .args([
+            "--exact",
+            "threads_allocating_at_once_under_a_full_cap_keep_their_blocks_apart",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{:?}: {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
