@@ -10,7 +10,7 @@
 //!
 //! This file is the one place that writes the state: it takes in what the trainer reports
 //! (a reading, a forecast's outlook, an OOM), asks the rules in order, and applies their
-//! moves ([`Controller::apply`]). No decision but an OOM takes the micro-batch below half
+//! moves (`Controller::apply`). No decision but an OOM takes the micro-batch below half
 //! of what it was, and a pinned micro-batch is never resized except by an OOM (which
 //! unpins it); the controller then only warns.
 use super::decision;

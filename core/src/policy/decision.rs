@@ -216,8 +216,10 @@ pub(super) fn drift(s: &State, r: &Reading) -> Proposal {
     let mut streak = s.evidence.over_target;
     let target = s.thresholds.target;
     let mut moves = Vec::new();
+    // Enough readings before the streak to know the size's own scatter.
+    let earlier = 2 * OVER_TARGET_STEPS as usize;
     if s.estimate
-        .within_own_noise(r.tokens, r.obs.seq_len, streak as usize, target)
+        .within_own_noise(r.tokens, r.obs.seq_len, streak as usize, earlier, target)
     {
         // A settled size whose readings scatter about target: the streak over it is that
         // scatter, not drift, and shrinking on it would undo a landing at the feasible
