@@ -20,8 +20,8 @@ use super::memory_model::MemoryModel;
 pub use super::messages::{Decision, OomOutcome, ResizeReason, StepObservation, Upcoming};
 use super::moves::{Judge, Move};
 use super::reflexes;
-use super::state::State;
 pub use super::state::{ControllerConfig, ALLOCATOR_NOISE, RSS_NOISE};
+use super::state::{Probe, State};
 use super::thresholds::{ThresholdError, Thresholds};
 
 #[derive(Debug, Clone)]
@@ -346,7 +346,7 @@ impl Controller {
                 }
             }
             Move::Probe { to, usage, kind } => {
-                s.plan.probe.risk_spent |= kind == super::state::Probe::Risk;
+                s.plan.probe.risk_spent |= kind == Probe::Risk;
                 out.extend(self.resize(to, ResizeReason::Grow, usage, None));
                 self.state.plan.probe.in_flight = Some(kind);
             }

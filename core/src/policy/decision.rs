@@ -491,3 +491,84 @@ fn hold_for_length(
         },
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::state::ControllerConfig;
+    use crate::policy::thresholds::Thresholds;
+
+    const LIMIT: u64 = 1 << 30;
+
+    fn state(micro_batch: usize) -> State {
+        State::new(
+            ControllerConfig::default(),
+            Thresholds::default(),
+            LIMIT,
+            micro_batch,
+        )
+    }
+
+    fn reading(micro_batch: usize, usage: f64) -> Reading {
+        Reading {
+            obs: StepObservation {
+                step: 9,
+                micro_batch,
+                seq_len: 64,
+                peak_bytes: (usage * LIMIT as f64) as u64,
+            },
+            tokens: (micro_batch * 64) as u64,
+            usage,
+            first: false,
+            current: true,
+            risk_probed: false,
+            after_first_shrink: false,
+            grown_from: None,
+            seq: 64,
+        }
+    }
+
+    #[test]
+    fn the_warning_above_warning_is_proposed_once_per_size() {
+        let mut s = state(10);
+        assert!(matches!(
+            warn_once(&s, 9, 0.93),
+            Some(Move::Warn { once: true, .. })
+        ));
+        s.plan.warned = true;
+        assert_eq!(warn_once(&s, 9, 0.93), None);
+    }
+
+    /// Three readings over target free the cache; six shed the excess, learn a ceiling and
+    /// forget the readings, the shrink judged on the fitted cost.
+    #[test]
+    fn drift_frees_the_cache_at_three_readings_and_sheds_the_excess_at_six() {
+        let mut s = state(10);
+        s.evidence.over_target = 2;
+        let p = drift(&s, &reading(10, 0.91));
+        assert!(!p.settles && p.moves.is_empty(), "{:?}", p.moves);
+        s.evidence.over_target = OVER_TARGET_STEPS;
+        let p = drift(&s, &reading(10, 0.91));
+        assert!(p.settles);
+        assert_eq!(p.moves, [Move::EmptyCache { usage: 0.91 }]);
+        s.evidence.over_target = 2 * OVER_TARGET_STEPS;
+        let p = drift(&s, &reading(10, 0.91));
+        assert!(p.settles);
+        assert!(
+            matches!(
+                p.moves[..],
+                [
+                    Move::LearnCeiling { .. },
+                    Move::ForgetReadings,
+                    Move::Shrink {
+                        reason: ResizeReason::OverTarget,
+                        judge: Judge::Fitted,
+                        ..
+                    }
+                ]
+            ),
+            "{:?}",
+            p.moves
+        );
+    }
+}

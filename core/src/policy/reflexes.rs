@@ -264,6 +264,131 @@ fn severity(usage: f64, emergency: f64) -> ResizeReason {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::evidence::ShrinkCheck;
+    use crate::policy::state::ControllerConfig;
+    use crate::policy::thresholds::Thresholds;
+
+    const LIMIT: u64 = 1 << 30;
+
+    fn state(micro_batch: usize) -> State {
+        State::new(
+            ControllerConfig::default(),
+            Thresholds::default(),
+            LIMIT,
+            micro_batch,
+        )
+    }
+
+    /// A reading at the size in force, the run's second step, at `usage` of the limit.
+    fn reading(micro_batch: usize, usage: f64) -> Reading {
+        Reading {
+            obs: StepObservation {
+                step: 2,
+                micro_batch,
+                seq_len: 64,
+                peak_bytes: (usage * LIMIT as f64) as u64,
+            },
+            tokens: (micro_batch * 64) as u64,
+            usage,
+            first: false,
+            current: true,
+            risk_probed: false,
+            after_first_shrink: false,
+            grown_from: None,
+            seq: 64,
+        }
+    }
+
+    #[test]
+    fn critical_learns_a_ceiling_and_shrinks_emergency_also_frees_the_cache_and_halves() {
+        let p = after_reading(&state(10), &reading(10, 0.96));
+        assert!(p.settles);
+        assert!(
+            matches!(
+                p.moves[..],
+                [
+                    Move::LearnCeiling {
+                        micro_batch: 10,
+                        ..
+                    },
+                    Move::Shrink {
+                        reason: ResizeReason::Critical,
+                        judge: Judge::Next,
+                        ..
+                    }
+                ]
+            ),
+            "{:?}",
+            p.moves
+        );
+        let p = after_reading(&state(10), &reading(10, 0.98));
+        assert!(
+            matches!(
+                p.moves[..],
+                [
+                    Move::LearnCeiling { .. },
+                    Move::EmptyCache { .. },
+                    Move::Shrink {
+                        to: 0,
+                        reason: ResizeReason::Emergency,
+                        ..
+                    }
+                ]
+            ),
+            "{:?}",
+            p.moves
+        );
+    }
+
+    #[test]
+    fn held_apart_memory_only_frees_the_cache_and_a_pinned_size_leaves_the_rest_to_warn() {
+        let mut s = state(10);
+        s.evidence.shrink = ShrinkCheck::Unresponsive;
+        let p = after_reading(&s, &reading(10, 0.98));
+        assert!(p.settles);
+        assert_eq!(p.moves, [Move::EmptyCache { usage: 0.98 }]);
+        let mut s = state(10);
+        s.size.pinned = true;
+        let p = after_reading(&s, &reading(10, 0.96));
+        assert!(!p.settles, "the warning rule still speaks");
+        assert!(
+            matches!(p.moves[..], [Move::LearnCeiling { .. }]),
+            "{:?}",
+            p.moves
+        );
+    }
+
+    #[test]
+    fn an_oom_at_a_fresh_size_learns_its_ceiling_and_a_settled_one_is_retried_once() {
+        let s = state(10);
+        assert!(
+            matches!(
+                on_oom(&s, 10, 64)[..],
+                [
+                    Move::EmptyCache { .. },
+                    Move::OomSeen,
+                    Move::LearnCeiling { tokens: 640, .. },
+                    Move::OomAt { micro_batch: 10 }
+                ]
+            ),
+            "{:?}",
+            on_oom(&s, 10, 64)
+        );
+        let mut s = state(10);
+        s.size.steps_at_size = SETTLED_STEPS;
+        s.estimate.take(reading(10, 0.5).obs, true);
+        assert_eq!(
+            on_oom(&s, 10, 64).last(),
+            Some(&Move::RetrySame {
+                micro_batch: 10,
+                seq_len: 64
+            })
+        );
+        s.oom.retrying = Some((10, 64));
+        assert!(!on_oom(&s, 10, 64)
+            .iter()
+            .any(|m| matches!(m, Move::RetrySame { .. })));
+    }
 
     #[test]
     fn emergency_is_its_own_threshold() {
