@@ -2,11 +2,12 @@
 //! [`Decision`]s. The trainer applies them at step boundaries and logs every one.
 //!
 //! It works in tokens (micro-batch × sequence length). Its rules are functions that read
-//! the [`State`] and propose [`Move`]s (docs/CONTROLLER.md draws the whole):
-//! - [`decision`](super::decision): the forecast before a step; after it, an overshot
-//!   growth, drift, the warning, growth and its probes and holds;
-//! - [`reflexes`](super::reflexes): critical, emergency, past the limit, a shrink that did
-//!   not lower usage, an OOM and its retry.
+//! the `State` (state.rs) and propose `Move`s (moves.rs); docs/CONTROLLER.md draws the
+//! whole:
+//! - `decision.rs`: the forecast before a step; after it, an overshot growth, drift, the
+//!   warning, growth and its probes and holds;
+//! - `reflexes.rs`: critical, emergency, past the limit, a shrink that did not lower
+//!   usage, an OOM and its retry.
 //!
 //! This file is the one place that writes the state: it takes in what the trainer reports
 //! (a reading, a forecast's outlook, an OOM), asks the rules in order, and applies their

@@ -48,8 +48,8 @@ pub struct Estimate {
     floor_bytes: Option<u64>,
     /// How far one reading may lie from the batch's own peak, as a share of it.
     noise: f64,
-    /// The readings count a fragmented heap ([`ControllerConfig::heap_fragments`]
-    /// (super::ControllerConfig::heap_fragments)).
+    /// The readings count a fragmented heap
+    /// ([`ControllerConfig::heap_fragments`](super::ControllerConfig::heap_fragments)).
     heap_fragments: bool,
     /// What usages are shares of.
     limit_bytes: u64,

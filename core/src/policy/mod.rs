@@ -1,10 +1,10 @@
 //! The memory policy: thresholds, a memory model fitted from the run's own steps, and the
 //! batch controller. Pure: observations in, decisions out; the trainer applies them.
 //!
-//! The controller's rules read its [`state`] and propose [`moves`]; [`controller`] applies
-//! them, the one place the state is written (docs/CONTROLLER.md). [`estimate`] says what
-//! memory costs, [`evidence`] what a reading means, [`horizon`] the length sizes are
-//! planned for; [`decision`] and [`reflexes`] hold the rules.
+//! The controller's rules read its state (`state.rs`) and propose moves (`moves.rs`);
+//! [`controller`] applies them, the one place the state is written (docs/CONTROLLER.md).
+//! `estimate.rs` says what memory costs, `evidence.rs` what a reading means, `horizon.rs`
+//! the length sizes are planned for; `decision.rs` and `reflexes.rs` hold the rules.
 pub mod controller;
 mod decision;
 mod estimate;
