@@ -495,38 +495,7 @@ fn hold_for_length(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::state::ControllerConfig;
-    use crate::policy::thresholds::Thresholds;
-
-    const LIMIT: u64 = 1 << 30;
-
-    fn state(micro_batch: usize) -> State {
-        State::new(
-            ControllerConfig::default(),
-            Thresholds::default(),
-            LIMIT,
-            micro_batch,
-        )
-    }
-
-    fn reading(micro_batch: usize, usage: f64) -> Reading {
-        Reading {
-            obs: StepObservation {
-                step: 9,
-                micro_batch,
-                seq_len: 64,
-                peak_bytes: (usage * LIMIT as f64) as u64,
-            },
-            tokens: (micro_batch * 64) as u64,
-            usage,
-            first: false,
-            current: true,
-            risk_probed: false,
-            after_first_shrink: false,
-            grown_from: None,
-            seq: 64,
-        }
-    }
+    use crate::policy::state::fixtures::{reading, state};
 
     #[test]
     fn the_warning_above_warning_is_proposed_once_per_size() {

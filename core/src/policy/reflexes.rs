@@ -265,39 +265,7 @@ fn severity(usage: f64, emergency: f64) -> ResizeReason {
 mod tests {
     use super::*;
     use crate::policy::evidence::ShrinkCheck;
-    use crate::policy::state::ControllerConfig;
-    use crate::policy::thresholds::Thresholds;
-
-    const LIMIT: u64 = 1 << 30;
-
-    fn state(micro_batch: usize) -> State {
-        State::new(
-            ControllerConfig::default(),
-            Thresholds::default(),
-            LIMIT,
-            micro_batch,
-        )
-    }
-
-    /// A reading at the size in force, the run's second step, at `usage` of the limit.
-    fn reading(micro_batch: usize, usage: f64) -> Reading {
-        Reading {
-            obs: StepObservation {
-                step: 2,
-                micro_batch,
-                seq_len: 64,
-                peak_bytes: (usage * LIMIT as f64) as u64,
-            },
-            tokens: (micro_batch * 64) as u64,
-            usage,
-            first: false,
-            current: true,
-            risk_probed: false,
-            after_first_shrink: false,
-            grown_from: None,
-            seq: 64,
-        }
-    }
+    use crate::policy::state::fixtures::{reading, state};
 
     #[test]
     fn critical_learns_a_ceiling_and_shrinks_emergency_also_frees_the_cache_and_halves() {

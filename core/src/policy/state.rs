@@ -262,6 +262,47 @@ impl State {
     }
 }
 
+/// What the rules' tests build their situations from.
+#[cfg(test)]
+pub(super) mod fixtures {
+    use super::{ControllerConfig, State, Thresholds};
+    use crate::policy::evidence::Reading;
+    use crate::policy::messages::StepObservation;
+
+    pub const LIMIT: u64 = 1 << 30;
+
+    /// A fresh controller's state at `micro_batch`, default configuration and thresholds.
+    pub fn state(micro_batch: usize) -> State {
+        State::new(
+            ControllerConfig::default(),
+            Thresholds::default(),
+            LIMIT,
+            micro_batch,
+        )
+    }
+
+    /// A reading at `micro_batch` sequences of 64, at the size in force, after the first
+    /// step, at `usage` of the limit.
+    pub fn reading(micro_batch: usize, usage: f64) -> Reading {
+        Reading {
+            obs: StepObservation {
+                step: 9,
+                micro_batch,
+                seq_len: 64,
+                peak_bytes: (usage * LIMIT as f64) as u64,
+            },
+            tokens: (micro_batch * 64) as u64,
+            usage,
+            first: false,
+            current: true,
+            risk_probed: false,
+            after_first_shrink: false,
+            grown_from: None,
+            seq: 64,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
