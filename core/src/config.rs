@@ -581,7 +581,7 @@ impl RunConfig {
     }
 
     pub fn device(&self) -> Result<DeviceChoice, ConfigError> {
-        DeviceChoice::parse(&self.run.device).map_err(|e| invalid("run.device", e))
+        self.run.device_choice()
     }
 
     /// Where checkpoints go when no directory was configured.
@@ -593,86 +593,123 @@ impl RunConfig {
         }
     }
 
-    /// Every range check, with the key and the fix in the message.
+    /// Every range check, with the key and the fix in the message: section by section,
+    /// the first failing check's message.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let r = &self.run;
-        if r.steps == 0 {
+        self.run.validate()?;
+        self.data.validate()?;
+        self.model.validate()?;
+        self.optim.validate()?;
+        self.batch.validate()?;
+        self.memory.validate()?;
+        let b = &self.batch;
+        if b.effective() < b.micro_batch {
+            return Err(invalid(
+                "batch.effective_batch (--effective-batch)",
+                format!(
+                    "{} is smaller than the micro-batch {}; raise it or lower --batch-size",
+                    b.effective(),
+                    b.micro_batch
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl RunSection {
+    fn device_choice(&self) -> Result<DeviceChoice, ConfigError> {
+        DeviceChoice::parse(&self.device).map_err(|e| invalid("run.device", e))
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.steps == 0 {
             return Err(invalid("run.steps (--steps)", "must be at least 1"));
         }
         // The name becomes a directory under runs/: it must stay one level down.
-        let n = r.name.trim();
+        let n = self.name.trim();
         if n.is_empty()
             || n == "."
             || n == ".."
-            || r.name.contains(['/', '\\'])
-            || r.name.chars().any(char::is_control)
-            || r.name.len() > 128
+            || self.name.contains(['/', '\\'])
+            || self.name.chars().any(char::is_control)
+            || self.name.len() > 128
         {
             return Err(invalid(
                 "run.name",
                 format!(
                     "{:?} must be a plain name (not . or .., no slashes or control \
                      characters, at most 128 bytes), e.g. \"shakespeare-small\"",
-                    r.name
+                    self.name
                 ),
             ));
         }
-        self.device()?;
-        if !(r.sample_hz > 0.0 && r.sample_hz <= 100.0) {
+        self.device_choice()?;
+        if !(self.sample_hz > 0.0 && self.sample_hz <= 100.0) {
             return Err(invalid(
                 "run.sample_hz",
-                format!("{} is out of range; use a rate in (0, 100]", r.sample_hz),
+                format!("{} is out of range; use a rate in (0, 100]", self.sample_hz),
             ));
         }
-        if r.eval_batches == 0 {
+        if self.eval_batches == 0 {
             return Err(invalid("run.eval_batches", "must be at least 1"));
         }
-        if r.threads > 1024 {
+        if self.threads > 1024 {
             return Err(invalid(
                 "run.threads (--threads)",
                 format!(
                     "{} is out of range; use 0 (libtorch's default) or a count up to the \
                      machine's cores",
-                    r.threads
+                    self.threads
                 ),
             ));
         }
-        let d = &self.data;
-        if !(d.val_fraction > 0.0 && d.val_fraction <= 0.5) {
+        Ok(())
+    }
+}
+
+impl DataSection {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !(self.val_fraction > 0.0 && self.val_fraction <= 0.5) {
             return Err(invalid(
                 "data.val_fraction",
                 format!(
                     "{} is out of range; use a share in (0, 0.5]",
-                    d.val_fraction
+                    self.val_fraction
                 ),
             ));
         }
-        if d.seq_len < 2 || d.seq_len > 1 << 16 {
+        if self.seq_len < 2 || self.seq_len > 1 << 16 {
             return Err(invalid(
                 "data.seq_len",
-                format!("{} is out of range; use 2 to 65536 bytes", d.seq_len),
+                format!("{} is out of range; use 2 to 65536 bytes", self.seq_len),
             ));
         }
-        if d.lengths != Lengths::Fixed && d.min_seq_len > d.seq_len {
+        if self.lengths != Lengths::Fixed && self.min_seq_len > self.seq_len {
             return Err(invalid(
                 "data.min_seq_len",
                 format!(
                     "{} is above data.seq_len = {}; the shortest length must not exceed the longest",
-                    d.min_seq_len, d.seq_len
+                    self.min_seq_len, self.seq_len
                 ),
             ));
         }
-        let m = &self.model;
-        if m.n_layer == 0 || m.n_head == 0 || m.n_embd == 0 {
+        Ok(())
+    }
+}
+
+impl ModelSection {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.n_layer == 0 || self.n_head == 0 || self.n_embd == 0 {
             return Err(invalid(
                 "model",
                 "n_layer, n_head and n_embd must each be at least 1",
             ));
         }
         for (key, v, max) in [
-            ("model.n_layer", m.n_layer, MAX_LAYERS),
-            ("model.n_embd", m.n_embd, MAX_EMBD),
-            ("model.n_head", m.n_head, m.n_embd),
+            ("model.n_layer", self.n_layer, MAX_LAYERS),
+            ("model.n_embd", self.n_embd, MAX_EMBD),
+            ("model.n_head", self.n_head, self.n_embd),
         ] {
             if v > max {
                 return Err(invalid(
@@ -681,67 +718,86 @@ impl RunConfig {
                 ));
             }
         }
-        if !m.n_embd.is_multiple_of(m.n_head) {
+        if !self.n_embd.is_multiple_of(self.n_head) {
             return Err(invalid(
                 "model.n_embd",
                 format!(
                     "{} is not divisible by model.n_head = {}; pick n_embd a multiple of n_head",
-                    m.n_embd, m.n_head
+                    self.n_embd, self.n_head
                 ),
             ));
         }
-        let o = &self.optim;
+        Ok(())
+    }
+}
+
+impl OptimSection {
+    fn validate(&self) -> Result<(), ConfigError> {
         // Every float is checked in a range that includes only values that train: a NaN
         // fails every comparison, so none can slip through as "off", and inf is refused.
-        if !(o.lr > 0.0 && o.lr <= 10.0) {
+        if !(self.lr > 0.0 && self.lr <= 10.0) {
             return Err(invalid(
                 "optim.lr",
-                format!("{} is out of range; use a rate in (0, 10], like 3e-3", o.lr),
+                format!(
+                    "{} is out of range; use a rate in (0, 10], like 3e-3",
+                    self.lr
+                ),
             ));
         }
-        if !(o.min_lr >= 0.0 && o.min_lr <= o.lr) {
+        if !(self.min_lr >= 0.0 && self.min_lr <= self.lr) {
             return Err(invalid(
                 "optim.min_lr",
-                format!("{} must be between 0 and optim.lr = {}", o.min_lr, o.lr),
+                format!(
+                    "{} must be between 0 and optim.lr = {}",
+                    self.min_lr, self.lr
+                ),
             ));
         }
-        for (key, v) in [("optim.beta1", o.beta1), ("optim.beta2", o.beta2)] {
+        for (key, v) in [("optim.beta1", self.beta1), ("optim.beta2", self.beta2)] {
             if !(0.0..1.0).contains(&v) {
                 return Err(invalid(key, format!("{v} must be in [0, 1)")));
             }
         }
-        if !(o.eps > 0.0 && o.eps <= 1.0) {
+        if !(self.eps > 0.0 && self.eps <= 1.0) {
             return Err(invalid(
                 "optim.eps",
                 format!(
                     "{} is out of range; use a small positive number in (0, 1], like 1e-8",
-                    o.eps
+                    self.eps
                 ),
             ));
         }
         // AdamW shrinks each weight by lr × weight_decay per step: at 1 it zeroes them.
-        if !(o.weight_decay >= 0.0 && o.weight_decay * o.lr < 1.0) {
+        if !(self.weight_decay >= 0.0 && self.weight_decay * self.lr < 1.0) {
             return Err(invalid(
                 "optim.weight_decay",
                 format!(
                     "{} is out of range; use 0 (off) up to below 1 / optim.lr, typically 0.1",
-                    o.weight_decay
+                    self.weight_decay
                 ),
             ));
         }
-        if !(o.grad_clip >= 0.0 && o.grad_clip.is_finite()) {
+        if !(self.grad_clip >= 0.0 && self.grad_clip.is_finite()) {
             return Err(invalid(
                 "optim.grad_clip",
                 format!(
                     "{} is out of range; use 0 to turn clipping off, or a positive norm like 1.0",
-                    o.grad_clip
+                    self.grad_clip
                 ),
             ));
         }
-        let b = &self.batch;
+        Ok(())
+    }
+}
+
+impl BatchSection {
+    fn validate(&self) -> Result<(), ConfigError> {
         for (key, v) in [
-            ("batch.micro_batch (--batch-size)", b.micro_batch),
-            ("batch.effective_batch (--effective-batch)", b.effective()),
+            ("batch.micro_batch (--batch-size)", self.micro_batch),
+            (
+                "batch.effective_batch (--effective-batch)",
+                self.effective(),
+            ),
         ] {
             if v == 0 {
                 return Err(invalid(key, "must be at least 1"));
@@ -753,9 +809,14 @@ impl RunConfig {
                 ));
             }
         }
-        let mem = &self.memory;
-        mem.thresholds()?;
-        if let Some(b) = mem.budget_bytes()? {
+        Ok(())
+    }
+}
+
+impl MemorySection {
+    fn validate(&self) -> Result<(), ConfigError> {
+        self.thresholds()?;
+        if let Some(b) = self.budget_bytes()? {
             if b < MIN_BUDGET {
                 return Err(invalid(
                     "memory.memory_budget (--memory-budget)",
@@ -768,31 +829,21 @@ impl RunConfig {
                 ));
             }
         }
-        if mem.hard_limit && mem.memory_budget.trim().is_empty() {
+        if self.hard_limit && self.memory_budget.trim().is_empty() {
             return Err(invalid(
                 "memory.hard_limit (--hard-limit)",
                 "needs a budget to enforce; give --memory-budget SIZE (e.g. 2GiB)",
             ));
         }
-        if mem.min_micro_batch == 0 {
+        if self.min_micro_batch == 0 {
             return Err(invalid("memory.min_micro_batch", "must be at least 1"));
         }
-        if mem.max_micro_batch != 0 && mem.max_micro_batch < mem.min_micro_batch {
+        if self.max_micro_batch != 0 && self.max_micro_batch < self.min_micro_batch {
             return Err(invalid(
                 "memory.max_micro_batch",
                 format!(
                     "{} is below memory.min_micro_batch = {}; raise it or use 0 (the effective batch)",
-                    mem.max_micro_batch, mem.min_micro_batch
-                ),
-            ));
-        }
-        if b.effective() < b.micro_batch {
-            return Err(invalid(
-                "batch.effective_batch (--effective-batch)",
-                format!(
-                    "{} is smaller than the micro-batch {}; raise it or lower --batch-size",
-                    b.effective(),
-                    b.micro_batch
+                    self.max_micro_batch, self.min_micro_batch
                 ),
             ));
         }

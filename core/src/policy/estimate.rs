@@ -20,7 +20,7 @@
 use std::collections::VecDeque;
 
 use super::memory_model::{median, MemoryModel};
-use super::StepObservation;
+use super::messages::StepObservation;
 
 /// Predictions whose error sets the planning margin.
 pub const ERROR_WINDOW: usize = 16;
@@ -48,8 +48,8 @@ pub struct Estimate {
     floor_bytes: Option<u64>,
     /// How far one reading may lie from the batch's own peak, as a share of it.
     noise: f64,
-    /// The readings count a fragmented heap ([`ControllerConfig::heap_fragments`]
-    /// (super::ControllerConfig::heap_fragments)).
+    /// The readings count a fragmented heap
+    /// ([`ControllerConfig::heap_fragments`](super::ControllerConfig::heap_fragments)).
     heap_fragments: bool,
     /// What usages are shares of.
     limit_bytes: u64,
@@ -125,8 +125,8 @@ impl Estimate {
             // One length: the fit's slope is the cost of its tokens.
             // Between sizes too close for their difference to be more than noise, the line
             // growth follows is the estimate for prediction too: a fitted slope that fell
-            // back to proportional (fixed 0, every byte per token) put a size just grown to
-            // at 957% of the limit, and the forecast halved it before it ran.
+            // back to proportional (fixed 0, every byte per token) would predict a size just
+            // grown to far past the limit, and the forecast would halve it before it ran.
             let s = self.model.points().next().map_or(0, |p| p.2);
             if let Some((fixed, per)) = self.growth_line(slope) {
                 return Some((fixed, per * stretch(seq_len, s)));
@@ -398,8 +398,10 @@ impl Estimate {
         }
         let err = (obs.peak_bytes as f64 - p as f64) / self.limit_bytes as f64;
         // The steep line a growth from close sizes follows is a bound from above: a
-        // reading under it is what it is for, not an error. Counted, it kept 3% free after
-        // the growth it planned landed low, and a run that fits 148 held at 122.
+        // reading under it is what it is for, not an error. Counted, it would widen the
+        // margin after the growth it planned landed low, and hold the run below its fit
+        // (controller_drives.rs:
+        // `a_growth_along_the_noise_bound_that_lands_low_is_not_the_models_error`).
         let err = if self.noise_bound() {
             err.max(0.0)
         } else {
@@ -440,18 +442,19 @@ impl Estimate {
     }
 
     /// Whether the latest `streak` readings at this size and length sit within the scatter
-    /// of the readings before them: a size settled under `target` reads over it now and
-    /// then without its footprint moving.
+    /// of the readings before them (at least `earlier` of them, enough to know it): a
+    /// size settled under `target` reads over it now and then without its footprint
+    /// moving.
     pub fn within_own_noise(
         &self,
         tokens: u64,
         seq_len: usize,
         streak: usize,
+        earlier: usize,
         target: f64,
     ) -> bool {
         let here = self.readings_at(tokens, seq_len);
-        // Enough earlier readings to know the size's own scatter.
-        if streak == 0 || here.len() < streak + 2 * super::evidence::OVER_TARGET_STEPS as usize {
+        if streak == 0 || here.len() < streak + earlier {
             return false;
         }
         let (earlier, recent) = here.split_at(here.len() - streak);

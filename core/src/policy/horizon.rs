@@ -5,7 +5,7 @@
 //! horizon when it says ([`Upcoming`]) and the lengths have only risen so far, else the
 //! configured maximum (lengths that fall as well as rise may bring it on any step), and
 //! never shorter than the longest it has been told of or run.
-use super::Upcoming;
+use super::messages::Upcoming;
 
 #[derive(Debug, Clone)]
 pub struct Horizon {
@@ -86,8 +86,8 @@ impl Horizon {
         // Lengths that fall as well as rise (random, bucketed) can bring the longest the
         // run feeds on any step, past the horizon's view: a size planned for the horizon's
         // longest is shrunk again when a longer one comes into view, long after the run
-        // settled (37 of 400 simulated random-length runs). A ramp only rises, and
-        // the horizon lets it use the room its shorter lengths leave.
+        // settled. A ramp only rises, and the horizon lets it use the room its shorter
+        // lengths leave.
         let ahead = match self.upcoming {
             Some(u) if !(self.lengths_fall && self.max_seq_len > 0) => u.seq_len,
             _ => self.max_seq_len,

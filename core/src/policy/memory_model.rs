@@ -187,9 +187,10 @@ impl MemoryModel {
     }
 
     /// [`length_fit`](Self::length_fit), where `heap_fragments` says the readings count
-    /// an allocator's fragmented heap ([`ControllerConfig::heap_fragments`]
-    /// (super::ControllerConfig::heap_fragments)): then a dropped term leaves the
-    /// all-quadratic line whenever it is admissible, however well the straight one fits.
+    /// an allocator's fragmented heap
+    /// ([`ControllerConfig::heap_fragments`](super::ControllerConfig::heap_fragments)):
+    /// then a dropped term leaves the all-quadratic line whenever it is admissible, however
+    /// well the straight one fits.
     pub fn length_fit_over(&self, heap_fragments: bool) -> Option<(f64, f64, f64)> {
         let pts: Vec<(f64, f64, f64)> = self
             .points()
@@ -210,14 +211,15 @@ impl MemoryModel {
                 return Some(full);
             }
             // Of the two lines left, the one the readings follow. Preferring the
-            // quadratic one whatever they said bent a line in tokens (a small model, its
-            // attention a sliver) into a curve 3.5% of the limit over it at the longest
-            // lengths and 2% under in the middle: the margin went to its cap and a run
-            // that fits 54 settled at 43 (issue 25). Over glibc's heap the straight line
-            // is not to be trusted however well it fits: a fresh heap's first readings
-            // follow one (squared error 1–23% of the quadratic's over the first 14
-            // steps), and the fragmentation that comes later adds most at the longest
-            // lengths, 5–16 points over it: 4 critical steps on a soft 700 MiB budget.
+            // quadratic one whatever they said would bend a line in tokens (a small model,
+            // its attention a sliver) into a curve over it at the longest lengths and
+            // under it in the middle: the margin goes to its cap and the run settles well
+            // below what fits (controller_drives.rs:
+            // `random_lengths_over_a_line_in_tokens_settle_near_what_fits`). Over glibc's
+            // heap the straight line is not to be trusted however well it fits: a fresh
+            // heap's first readings follow one, and the fragmentation that comes later
+            // adds most at the longest lengths, 5–16 points over it, enough to reach
+            // critical (`a_fragmented_heap_keeps_the_quadratic_bound_across_lengths`).
             let mut reduced = [
                 least_squares(pts, false, true),
                 least_squares(pts, true, false),

@@ -1,9 +1,10 @@
 //! The memory policy: thresholds, a memory model fitted from the run's own steps, and the
 //! batch controller. Pure: observations in, decisions out; the trainer applies them.
 //!
-//! The controller asks four questions, one module each (docs/CONTROLLER.md):
-//! [`estimate`] what memory costs, [`evidence`] what a reading means, [`decision`] what to
-//! do, [`reflexes`] what needs no model; [`horizon`] plans the length sizes are for.
+//! The controller's rules read its state (`state.rs`) and propose moves (`moves.rs`);
+//! [`controller`] applies them, the one place the state is written (docs/CONTROLLER.md).
+//! `estimate.rs` says what memory costs, `evidence.rs` what a reading means, `horizon.rs`
+//! the length sizes are planned for; `decision.rs` and `reflexes.rs` hold the rules.
 pub mod controller;
 mod decision;
 mod estimate;
@@ -11,7 +12,9 @@ mod evidence;
 mod horizon;
 pub mod memory_model;
 mod messages;
+mod moves;
 mod reflexes;
+mod state;
 pub mod thresholds;
 
 pub use controller::{Controller, ControllerConfig, ALLOCATOR_NOISE, RSS_NOISE};

@@ -1,5 +1,6 @@
 //! The reflexes: what the controller does when memory is past what any plan allows, with
-//! no more model than it has.
+//! no more model than it has. Each reads the [`State`] and returns the [`Move`]s it
+//! proposes; the controller applies them.
 //!
 //! - usage ≥ critical: learn a ceiling and shrink to the model's fit under target, at
 //!   least by one and at most to half;
@@ -9,205 +10,245 @@
 //! - an OOM: free the cache, learn a ceiling, retry at the fit (at most half; an eighth
 //!   when nothing has run) — or, at a size that has run cleanly many times, retry the
 //!   same size once: that OOM was not the batch's doing;
-//! - while memory is held apart from the batch ([`ShrinkCheck::Unresponsive`]) only the
-//!   cache is freed: shrinking would give up throughput for nothing.
+//! - a shrink that did not lower usage: the memory is held apart from the batch
+//!   ([`ShrinkCheck::Unresponsive`]); while it is, only the cache is freed: shrinking
+//!   would give up throughput for nothing.
 //!
 //! [`ShrinkCheck::Unresponsive`]: super::evidence::ShrinkCheck::Unresponsive
-use super::controller::Controller;
-use super::evidence::{over_target_bound, PendingShrink, Reading};
-use super::{Decision, OomOutcome, ResizeReason};
+use super::evidence::{held_apart, over_target_bound, shrunk_batch_share, PendingShrink, Reading};
+use super::messages::{ResizeReason, StepObservation};
+use super::moves::{Judge, Move, Proposal};
+use super::state::State;
 
 /// Clean steps at a size after which an OOM there is not taken as the batch's.
 const SETTLED_STEPS: u32 = 5;
 
-/// What the OOM reflex remembers between calls.
-#[derive(Debug, Clone, Default)]
-pub struct OomReflex {
-    /// Consecutive OOMs at the smallest micro-batch.
-    ooms_at_min: u32,
-    /// The OOM being retried at the same size (micro-batch, sequence length).
-    retrying: Option<(usize, usize)>,
-}
-
-impl OomReflex {
-    /// A step ran: the retry (if any) worked, and the smallest size is not failing.
-    pub fn read(&mut self) {
-        self.retrying = None;
-        self.ooms_at_min = 0;
-    }
-
-    /// Another OOM at the smallest size: whether to retry it (`max` in a row give up).
-    fn at_min(&mut self, max: u32) -> bool {
-        self.ooms_at_min += 1;
-        self.ooms_at_min < max
-    }
-}
-
-impl Controller {
-    /// The reflexes after a reading; true when one acted (no other rule then does).
-    pub(super) fn reflexes(&mut self, r: &Reading, out: &mut Vec<Decision>) -> bool {
-        let t = self.thresholds;
-        let usage = r.usage;
-        if usage >= t.critical && self.evidence.shrink.is_unresponsive() {
-            // Not the batch's memory: shrinking would only give up throughput. The cache
-            // is still worth freeing.
-            if usage >= t.emergency {
-                out.push(Decision::EmptyCache { usage });
-            }
-            return true;
-        }
-        if usage >= t.critical {
-            // A step at or above critical also sets a ceiling: with a non-negative fixed
-            // part, a micro-batch of `tokens × target / usage` tokens would still be at or
-            // above target (else the robust fit, which treats the one bad reading as an
-            // outlier, would grow straight back).
-            let bound = over_target_bound(r.tokens, t.target, usage);
-            out.extend(self.learn_ceiling(r.obs.micro_batch, bound.max(1), r.obs.seq_len, usage));
-        }
+/// The reflexes after a reading; the proposal settles the step when one acted.
+pub(super) fn after_reading(s: &State, r: &Reading) -> Proposal {
+    let t = s.thresholds;
+    let usage = r.usage;
+    let mut moves = Vec::new();
+    if usage >= t.critical && s.evidence.shrink.is_unresponsive() {
+        // Not the batch's memory: shrinking would only give up throughput. The cache is
+        // still worth freeing.
         if usage >= t.emergency {
-            out.push(Decision::EmptyCache { usage });
+            moves.push(Move::EmptyCache { usage });
         }
-        if !self.may_resize() {
-            return false;
-        }
-        if usage >= t.critical && r.risk_probed && r.obs.micro_batch > self.floor() {
-            self.risk_probe_failed(r, out);
-            return true;
-        }
-        if !r.current {
-            return false;
-        }
-        if usage >= 1.0 {
-            self.past_the_limit(r, out);
-            return true;
-        }
-        if usage < t.critical {
-            return false;
-        }
-        let reason = severity(usage, t.emergency);
-        // Emergency: half, safety over throughput (the memory has followed the batch so
-        // far, else this rule would not be reached).
-        let fit = match reason {
-            ResizeReason::Emergency => 0,
-            _ => self.fit_target(r.seq).unwrap_or(0),
-        };
-        out.extend(self.shrink(fit, reason, usage, r.obs.seq_len, r.first));
-        true
+        return Proposal::settle(moves);
     }
+    if usage >= t.critical {
+        // A step at or above critical also sets a ceiling: with a non-negative fixed part,
+        // a micro-batch of `tokens × target / usage` tokens would still be at or above
+        // target (else the robust fit, which treats the one bad reading as an outlier,
+        // would grow straight back).
+        let bound = over_target_bound(r.tokens, t.target, usage);
+        moves.push(Move::LearnCeiling {
+            micro_batch: r.obs.micro_batch,
+            tokens: bound.max(1),
+            seq_len: r.obs.seq_len,
+            usage,
+        });
+    }
+    if usage >= t.emergency {
+        moves.push(Move::EmptyCache { usage });
+    }
+    if !s.may_resize() {
+        return Proposal::pass(moves);
+    }
+    if usage >= t.critical && r.risk_probed && r.obs.micro_batch > s.floor() {
+        moves.extend(risk_probe_failed(s, r));
+        return Proposal::settle(moves);
+    }
+    if !r.current {
+        return Proposal::pass(moves);
+    }
+    if usage >= 1.0 {
+        moves.extend(past_the_limit(s, r));
+        return Proposal::settle(moves);
+    }
+    if usage < t.critical {
+        return Proposal::pass(moves);
+    }
+    let reason = severity(usage, t.emergency);
+    // Emergency: half, safety over throughput (the memory has followed the batch so far,
+    // else this rule would not be reached).
+    let fit = match reason {
+        ResizeReason::Emergency => 0,
+        _ => s.fit_target(r.seq).unwrap_or(0),
+    };
+    moves.push(Move::Shrink {
+        to: fit,
+        reason,
+        usage,
+        seq_len: r.obs.seq_len,
+        first: r.first,
+        judge: Judge::Next,
+        predict_at: None,
+    });
+    Proposal::settle(moves)
+}
 
-    /// The one-sequence probe past the worst case read at or above critical: back to the
-    /// size it came from, which ran cleanly (halving would put it below what fits, and a
-    /// retained heap's high-water mark would never let it grow back).
-    fn risk_probe_failed(&mut self, r: &Reading, out: &mut Vec<Decision>) {
-        let reason = severity(r.usage, self.thresholds.emergency);
-        out.extend(self.resize(r.obs.micro_batch - 1, reason, r.usage));
+/// The one-sequence probe past the worst case read at or above critical: back to the size
+/// it came from, which ran cleanly (halving would put it below what fits, and a retained
+/// heap's high-water mark would never let it grow back).
+fn risk_probe_failed(s: &State, r: &Reading) -> [Move; 2] {
+    [
+        Move::Resize {
+            to: r.obs.micro_batch - 1,
+            reason: severity(r.usage, s.thresholds.emergency),
+            usage: r.usage,
+            predict_at: None,
+        },
         // A reading there as high as this one is memory the probe left behind.
-        self.evidence.shrink.expect(Some(PendingShrink {
+        Move::Expect(Some(PendingShrink {
             from: r.obs.micro_batch,
             before: r.usage,
             seq_len: r.obs.seq_len,
-            guessed: !self.estimate.is_fitted(),
+            guessed: !s.estimate.is_fitted(),
             first: r.first,
-        }));
-    }
+        })),
+    ]
+}
 
-    /// Past the limit (a soft budget): what a hard one would have failed with an OOM, and
-    /// memory that followed the batch so far.
-    fn past_the_limit(&mut self, r: &Reading, out: &mut Vec<Decision>) {
-        let mut to = self.after_oom(r.obs.micro_batch, r.obs.seq_len, r.first);
-        if r.after_first_shrink {
-            // Right after a shrink made on the first step, which could not be judged: a
-            // reading still past the limit may be memory held at that step's mark (it
-            // read 285% at 400, then 270% at 50, and the one-size fit took the run to 13
-            // of a feasible 100). Half, and the next reading judges it.
-            to = to.max(self.half_of(r.obs.micro_batch));
-        }
-        let from = self.size.micro_batch;
-        out.extend(self.resize(to, ResizeReason::Emergency, r.usage));
-        let shrank = self.size.micro_batch < from;
-        let pending = shrank.then_some(PendingShrink {
+/// Past the limit (a soft budget): what a hard one would have failed with an OOM, and
+/// memory that followed the batch so far.
+fn past_the_limit(s: &State, r: &Reading) -> [Move; 2] {
+    let mut to = after_oom(s, r.obs.micro_batch, r.obs.seq_len, r.first);
+    if r.after_first_shrink {
+        // Right after a shrink made on the first step, which could not be judged: a
+        // reading still past the limit may be memory held at that step's mark, and a fit
+        // through it would take the run far below what fits. Half, and the next reading
+        // judges it.
+        to = to.max(s.half_of(r.obs.micro_batch));
+    }
+    let from = s.size.micro_batch;
+    let shrank = to.clamp(s.floor(), s.cap()) < from;
+    [
+        Move::Resize {
+            to,
+            reason: ResizeReason::Emergency,
+            usage: r.usage,
+            predict_at: None,
+        },
+        Move::Expect(shrank.then_some(PendingShrink {
             from,
             before: r.usage,
             seq_len: r.obs.seq_len,
-            guessed: !self.estimate.is_fitted(),
+            guessed: !s.estimate.is_fitted(),
             first: r.first,
+        })),
+    ]
+}
+
+/// The size to go to from `micro_batch`, which did not fit in the limit: the fit, at most
+/// half. When no step has run yet, an eighth: halving from a start far too large fails
+/// step after step, while from an eighth the baseline's line grows back safely in one
+/// move.
+fn after_oom(s: &State, micro_batch: usize, seq_len: usize, nothing_ran: bool) -> usize {
+    match s.fit_target(s.horizon.plan_seq(seq_len)) {
+        Some(f) => f.min(micro_batch / 2),
+        None if nothing_ran => micro_batch / 8,
+        None => micro_batch / 2,
+    }
+}
+
+/// The first reading at the size a shrink reached, `p` the shrink: when usage did not
+/// follow, the memory is not the batch's, and shrinking further would only give up
+/// throughput. Free the cache, forget the readings (a fit through equal peaks would say
+/// every token is expensive) and say so.
+pub(super) fn shrink_judged(
+    s: &State,
+    obs: StepObservation,
+    p: PendingShrink,
+    usage: f64,
+) -> Vec<Move> {
+    // A shorter length only lowers usage further, so it judges the shrink too (with
+    // random lengths the same length rarely comes next); so does a longer one whose batch
+    // is still smaller, a sequence costing at most quadratically in its length. Waiting
+    // for a length no longer than the one shrunk at would let the emergency rule halve
+    // again and again on memory held at a high-water mark.
+    if shrunk_batch_share(p, obs) >= 1.0 || !held_apart(&s.estimate, obs, p, usage) {
+        return Vec::new();
+    }
+    vec![
+        Move::HeldApart,
+        Move::EmptyCache { usage },
+        Move::Warn {
+            usage,
+            forecast: false,
+            text: format!(
+                "step {}: usage stayed at {:.0}% although the micro-batch shrank from {} \
+                 to {} (it was {:.0}%): the memory is held apart from the batch (allocator \
+                 cache, fragmentation or another process); holding at {} and freeing the cache",
+                obs.step,
+                usage * 100.0,
+                p.from,
+                obs.micro_batch,
+                p.before * 100.0,
+                obs.micro_batch
+            ),
+            once: false,
+        },
+    ]
+}
+
+/// A step at `micro_batch` × `seq_len` ran out of memory: free the cache, and either retry
+/// the same size once or learn the ceiling. The size to retry with is asked afterwards
+/// ([`retry_size`]), of the estimate as this reaction leaves it.
+pub(super) fn on_oom(s: &State, micro_batch: usize, seq_len: usize) -> Vec<Move> {
+    let mut moves = vec![Move::EmptyCache { usage: 1.0 }, Move::OomSeen];
+    let retried = s.oom.retrying == Some((micro_batch, seq_len));
+    // A size that has run cleanly many times at this length or longer did not outgrow the
+    // memory: something else took it (a spike, another process). Retry it once; a second
+    // OOM there is taken as real.
+    let settled = micro_batch == s.size.micro_batch
+        && s.size.steps_at_size >= SETTLED_STEPS
+        && !s.evidence.shrink.is_unresponsive()
+        && seq_len <= s.estimate.longest_measured()
+        && !retried;
+    if settled {
+        moves.push(Move::RetrySame {
+            micro_batch,
+            seq_len,
         });
-        self.evidence.shrink.expect(pending);
+        return moves;
     }
-
-    /// The size to go to from `micro_batch`, which did not fit in the limit: the fit, at
-    /// most half. When no step has run yet, an eighth: halving from a start far too large
-    /// fails step after step, while from an eighth the baseline's line grows back safely
-    /// in one move.
-    fn after_oom(&self, micro_batch: usize, seq_len: usize, nothing_ran: bool) -> usize {
-        match self.fit_target(self.horizon.plan_seq(seq_len)) {
-            Some(f) => f.min(micro_batch / 2),
-            None if nothing_ran => micro_batch / 8,
-            None => micro_batch / 2,
-        }
-    }
-
-    /// A step at `micro_batch` × `seq_len` ran out of memory: learn the ceiling, free the
-    /// cache, and pick the size to retry the same samples with.
-    pub fn on_oom(&mut self, micro_batch: usize, seq_len: usize) -> OomOutcome {
-        let tokens = (micro_batch * seq_len) as u64;
-        let mut decisions = vec![Decision::EmptyCache { usage: 1.0 }];
-        let retried = self.oom.retrying == Some((micro_batch, seq_len));
-        // A size that has run cleanly many times at this length or longer did not
-        // outgrow the memory: something else took it (a spike, another process). Retry it
-        // once; a second OOM there is taken as real.
-        let settled = micro_batch == self.size.micro_batch
-            && self.size.steps_at_size >= SETTLED_STEPS
-            && !self.evidence.shrink.is_unresponsive()
-            && seq_len <= self.estimate.longest_measured()
-            && !retried;
-        self.size.pinned = false;
-        self.evidence.shrink.expect(None);
-        self.evidence.grown_from = None;
-        if settled {
-            self.oom.retrying = Some((micro_batch, seq_len));
-            return OomOutcome {
-                decisions,
-                retry_with: Some(micro_batch),
-            };
-        }
-        if retried {
-            self.outside_grew(micro_batch, seq_len);
-        }
-        self.oom.retrying = None;
-        decisions.extend(self.learn_ceiling(micro_batch, tokens, seq_len, 1.0));
-        self.evidence.shrink.under_target();
-        self.size.micro_batch = micro_batch;
-        if micro_batch <= self.floor() {
-            let again = self.oom.at_min(self.cfg.max_ooms_at_min);
-            return OomOutcome {
-                decisions,
-                retry_with: again.then_some(micro_batch),
-            };
-        }
-        // The one-sequence probe failed: back to the size it came from, which ran.
-        let to = if self.plan.probe.is_risk() {
-            micro_batch - 1
-        } else {
-            self.after_oom(micro_batch, seq_len, !self.evidence.seen_first)
-        };
-        decisions.extend(self.resize(to, ResizeReason::Oom, 1.0));
-        OomOutcome {
-            decisions,
-            retry_with: Some(self.size.micro_batch),
-        }
-    }
-
-    /// The retried size failed again: the memory outside the batch grew by at least what
-    /// the model left between this size and the limit. Move the fixed part by that so the
-    /// size retried with is planned from the memory left.
-    fn outside_grew(&mut self, micro_batch: usize, seq_len: usize) {
-        if let Some(p) = self.predicted_bytes(micro_batch, seq_len) {
-            let gap = self.estimate.limit_bytes() as f64 - p as f64;
+    if retried {
+        // The retried size failed again: the memory outside the batch grew by at least
+        // what the model left between this size and the limit. Move the fixed part by
+        // that so the size retried with is planned from the memory left.
+        if let Some(p) = s.estimate.predicted_bytes(micro_batch, seq_len) {
+            let gap = s.estimate.limit_bytes() as f64 - p as f64;
             if gap > 0.0 {
-                self.estimate.shift(gap);
+                moves.push(Move::OutsideGrew { bytes: gap });
             }
         }
+    }
+    moves.extend([
+        Move::LearnCeiling {
+            micro_batch,
+            tokens: (micro_batch * seq_len) as u64,
+            seq_len,
+            usage: 1.0,
+        },
+        Move::OomAt { micro_batch },
+    ]);
+    moves
+}
+
+/// The size to retry an OOM at `micro_batch` × `seq_len` with, above the smallest size.
+pub(super) fn retry_size(s: &State, micro_batch: usize, seq_len: usize) -> Move {
+    // The one-sequence probe failed: back to the size it came from, which ran.
+    let to = if s.plan.probe.is_risk() {
+        micro_batch - 1
+    } else {
+        after_oom(s, micro_batch, seq_len, !s.evidence.seen_first)
+    };
+    Move::Resize {
+        to,
+        reason: ResizeReason::Oom,
+        usage: 1.0,
+        predict_at: None,
     }
 }
 
@@ -223,18 +264,98 @@ fn severity(usage: f64, emergency: f64) -> ResizeReason {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::evidence::ShrinkCheck;
+    use crate::policy::state::fixtures::{reading, state};
 
     #[test]
-    fn the_smallest_size_is_retried_until_max_ooms_in_a_row_and_a_step_resets_the_count() {
-        let mut o = OomReflex::default();
-        assert!(o.at_min(3));
-        assert!(o.at_min(3));
-        assert!(!o.at_min(3));
-        o.read();
-        assert!(o.at_min(3));
-        o.retrying = Some((8, 64));
-        o.read();
-        assert_eq!(o.retrying, None);
+    fn critical_learns_a_ceiling_and_shrinks_emergency_also_frees_the_cache_and_halves() {
+        let p = after_reading(&state(10), &reading(10, 0.96));
+        assert!(p.settles);
+        assert!(
+            matches!(
+                p.moves[..],
+                [
+                    Move::LearnCeiling {
+                        micro_batch: 10,
+                        ..
+                    },
+                    Move::Shrink {
+                        reason: ResizeReason::Critical,
+                        judge: Judge::Next,
+                        ..
+                    }
+                ]
+            ),
+            "{:?}",
+            p.moves
+        );
+        let p = after_reading(&state(10), &reading(10, 0.98));
+        assert!(
+            matches!(
+                p.moves[..],
+                [
+                    Move::LearnCeiling { .. },
+                    Move::EmptyCache { .. },
+                    Move::Shrink {
+                        to: 0,
+                        reason: ResizeReason::Emergency,
+                        ..
+                    }
+                ]
+            ),
+            "{:?}",
+            p.moves
+        );
+    }
+
+    #[test]
+    fn held_apart_memory_only_frees_the_cache_and_a_pinned_size_leaves_the_rest_to_warn() {
+        let mut s = state(10);
+        s.evidence.shrink = ShrinkCheck::Unresponsive;
+        let p = after_reading(&s, &reading(10, 0.98));
+        assert!(p.settles);
+        assert_eq!(p.moves, [Move::EmptyCache { usage: 0.98 }]);
+        let mut s = state(10);
+        s.size.pinned = true;
+        let p = after_reading(&s, &reading(10, 0.96));
+        assert!(!p.settles, "the warning rule still speaks");
+        assert!(
+            matches!(p.moves[..], [Move::LearnCeiling { .. }]),
+            "{:?}",
+            p.moves
+        );
+    }
+
+    #[test]
+    fn an_oom_at_a_fresh_size_learns_its_ceiling_and_a_settled_one_is_retried_once() {
+        let s = state(10);
+        assert!(
+            matches!(
+                on_oom(&s, 10, 64)[..],
+                [
+                    Move::EmptyCache { .. },
+                    Move::OomSeen,
+                    Move::LearnCeiling { tokens: 640, .. },
+                    Move::OomAt { micro_batch: 10 }
+                ]
+            ),
+            "{:?}",
+            on_oom(&s, 10, 64)
+        );
+        let mut s = state(10);
+        s.size.steps_at_size = SETTLED_STEPS;
+        s.estimate.take(reading(10, 0.5).obs, true);
+        assert_eq!(
+            on_oom(&s, 10, 64).last(),
+            Some(&Move::RetrySame {
+                micro_batch: 10,
+                seq_len: 64
+            })
+        );
+        s.oom.retrying = Some((10, 64));
+        assert!(!on_oom(&s, 10, 64)
+            .iter()
+            .any(|m| matches!(m, Move::RetrySame { .. })));
     }
 
     #[test]
