@@ -303,11 +303,13 @@ fn press(app: &mut App, code: KeyCode) {
 
 fn cpu_oom_run() -> App {
     let mut app = scripted_story("cpu", "AMD EPYC 7B13", cpu_sample, Story::CpuOom);
-    app.apply(&Telemetry::Notice(Notice::new(
-        Level::Info,
-        "nvml",
-        "NVML unavailable (a libloading error occurred): no NVIDIA driver on this machine",
-    )));
+    // As the sampler says it on a machine without an NVIDIA driver.
+    app.apply(&Telemetry::Notice(
+        Notice::new(Level::Info, "nvml", "no NVIDIA driver: device figures off").with_detail(
+            "NVML unavailable (a libloading error occurred: libnvidia-ml.so.1: cannot open \
+             shared object file: No such file or directory)",
+        ),
+    ));
     app
 }
 
@@ -324,9 +326,12 @@ fn main_screen_cpu() {
         "OOMs caught 1 · ceiling 1024 tokens",
         "thresholds 0.85,0.88,0.92,0.95 (conservative) in force, from command",
         "memory · limit 768 MiB",
+        "[nvml] no NVIDIA driver: device figures off",
     ] {
         assert!(text.contains(needed), "{needed:?} missing:\n{text}");
     }
+    // The loader's error is the log's, not the screen's.
+    assert!(!text.contains("libloading"), "{text}");
     // Scrolled past on screen, kept in the log.
     assert!(
         app.events
@@ -618,20 +623,45 @@ fn a_lowered_limit_is_said_and_the_room_left_is_what_is_available() {
         allocator: None,
         heap: None,
     }));
+    // The run's own word for the configured one.
+    app.apply(&Telemetry::Notice(Notice::new(
+        Level::Info,
+        "memory",
+        "memory limit 23.0 GiB (host memory (no --memory-budget)); thresholds 0.90,0.92,0.95,0.97",
+    )));
     for (w, h) in [(80, 24), (100, 30)] {
         let text = screen_text(&app, w, h);
         for needed in [
-            "limit 9.00 GiB of 23.0 GiB",
-            "9.00 GiB available of 23.0 GiB",
+            "limit 23.0 GiB · 9.00 GiB",
+            "available",
+            "others hold 14.0 GiB",
         ] {
             assert!(text.contains(needed), "{needed:?} at {w}x{h}:\n{text}");
         }
+        // "limit" names one size on this screen, the one the event names.
+        assert_eq!(limits_named(&text), ["23.0 GiB"], "{w}x{h}:\n{text}");
         assert!(text.contains("2.00 GiB to"), "{w}x{h}:\n{text}");
         assert!(!text.contains("5.00 GiB to"), "{w}x{h}:\n{text}");
     }
     let text = screen_text(&app, 100, 30);
-    assert!(text.contains("others hold the rest"), "{text}");
+    assert!(text.contains("usage is of 9.00 GiB"), "{text}");
     insta::assert_snapshot!(text);
+}
+
+/// The sizes the screen calls a limit ("limit 23.0 GiB"), each once.
+fn limits_named(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for (i, _) in text.match_indices("limit ") {
+        let size: String = text[i + 6..]
+            .split_whitespace()
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" ");
+        if size.starts_with(|c: char| c.is_ascii_digit()) && !out.contains(&size) {
+            out.push(size);
+        }
+    }
+    out
 }
 
 /// Before the first step, "free" is what the kernel says is available, not host total
