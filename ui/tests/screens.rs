@@ -903,3 +903,131 @@ fn replay_footer() {
         .contains("replay of runs/tiny.jsonl"));
     insta::assert_snapshot!(draw(&app, 100, 30).backend());
 }
+
+/// A watch-only Python run (`headroom.Run(...)` with no model, no total and no tokens:
+/// `run.report(loss)` on images) far below its thresholds: 2–4% of a 23.5 GiB limit.
+fn watch_only_run() -> App {
+    let mut app = App::new("cnn_watch", true);
+    app.apply(&Telemetry::RunStarted(RunInfo {
+        run_name: "cnn_watch".into(),
+        parameters: 0,
+        total_steps: 0,
+        corpus: String::new(),
+        train_bytes: 0,
+        val_bytes: 0,
+        config: None,
+        ..run_info("cpu", "AMD EPYC 7B13")
+    }));
+    app.apply(&Telemetry::Status {
+        status: RunStatus::Running,
+    });
+    app.apply(&Telemetry::ThresholdsChanged {
+        thresholds: Thresholds::default(),
+        profile: Some(Profile::Balanced),
+        source: "config".into(),
+    });
+    let limit = 47u64 << 29; // 23.5 GiB
+    for (i, n) in (64_981..=65_000u64).enumerate() {
+        app.set_elapsed(i as f64);
+        app.apply(&Telemetry::Step(StepMetrics {
+            step: n,
+            total_steps: 0,
+            loss: 0.9 - i as f64 * 0.01,
+            lr: None,
+            grad_norm: None,
+            step_time_s: 0.125,
+            tokens_per_s: 512.0,
+            samples_per_s: 512.0,
+            micro_batch: 64,
+            accum_steps: 1,
+            effective_batch: 64,
+            seq_len: 1,
+            tokens_seen: n * 64,
+        }));
+        // 2% rising to 4%.
+        let usage = 0.02 + 0.02 * i as f64 / 19.0;
+        app.apply(&Telemetry::StepMemory(StepMemory {
+            step: n,
+            micro_batch: 64,
+            seq_len: 1,
+            peak_bytes: (usage * limit as f64) as u64,
+            predicted_bytes: None,
+            limit_bytes: limit,
+            configured_limit_bytes: limit,
+            usage,
+        }));
+    }
+    app
+}
+
+/// At 2–4% of the limit against a 90% target, the chart is scaled to what is used (0 to
+/// 5%), the thresholds named above it: not a flat line on the floor of 0–100%.
+#[test]
+fn a_run_far_below_its_thresholds_is_charted_at_its_own_scale() {
+    let app = watch_only_run();
+    for (w, h) in [(80, 24), (100, 30)] {
+        let text = screen_text(&app, w, h);
+        let chart: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.contains("memory vs limit"))
+            .skip(1)
+            .take_while(|l| !l.contains('└'))
+            .collect();
+        assert!(
+            chart.iter().any(|l| l.contains("    5%┤")),
+            "{w}x{h}:\n{text}"
+        );
+        assert!(
+            !chart.iter().any(|l| l.contains("100%")),
+            "{w}x{h}:\n{text}"
+        );
+        assert!(chart.iter().any(|l| l.contains("↑ t")), "{w}x{h}:\n{text}");
+        // The line climbs over rows of its own (braille dots in the plot's half).
+        let rows_with_line = chart
+            .iter()
+            .filter(|l| {
+                l.chars()
+                    .take(w as usize / 2)
+                    .any(|c| ('\u{2801}'..='\u{28ff}').contains(&c))
+            })
+            .count();
+        assert!(rows_with_line >= 2, "a flat line at {w}x{h}:\n{text}");
+    }
+    insta::assert_snapshot!(screen_text(&app, 100, 30));
+}
+
+/// Data without tokens (seq_len 1: a sample is the unit) is counted in samples: no
+/// "tok/s" that only repeats samples/s, no "tokens seen", no "seq 1".
+#[test]
+fn data_without_tokens_is_counted_in_samples() {
+    let app = watch_only_run();
+    for (w, h) in [(80, 24), (100, 30)] {
+        let text = screen_text(&app, w, h);
+        assert!(text.contains("512.0 samples/s"), "{w}x{h}:\n{text}");
+        for gone in ["tok/s", "tokens seen", "seq 1"] {
+            assert!(!text.contains(gone), "{gone:?} at {w}x{h}:\n{text}");
+        }
+    }
+    let text = screen_text(&app, 100, 30);
+    assert!(text.contains("samples seen 4,160,000"), "{text}");
+}
+
+/// A run that gave no total and no model: the header says what it knows.
+#[test]
+fn a_header_without_a_total_or_a_model_says_what_it_knows() {
+    let app = watch_only_run();
+    for (w, h) in [(80, 24), (100, 30)] {
+        let header: String = screen_text(&app, w, h).lines().take(3).collect();
+        assert!(header.contains("step 65,000 "), "{header}");
+        for gone in ["/0", "(0%)", "ETA 0s", "0.00M"] {
+            assert!(!header.contains(gone), "{gone:?} at {w}x{h}: {header}");
+        }
+    }
+    let header: String = screen_text(&app, 100, 30).lines().take(3).collect();
+    assert!(header.contains("model not given"), "{header}");
+    let started = &app.events.back().expect("events").text;
+    assert_eq!(
+        started,
+        "run 'cnn_watch' started on cpu (model not given, from step 1, no total given)"
+    );
+}

@@ -1,5 +1,6 @@
 //! The training panel: how the batch is split, the micro-batch's size over time, the
 //! controller's last decision, loss and pace.
+use headroom_core::units::fmt_count;
 use ratatui::layout::Rect;
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
@@ -182,7 +183,10 @@ pub(super) fn render(frame: &mut Frame, app: &App, area: Rect) {
             0 | 1 => "samples seen",
             _ => "tokens seen",
         };
-        lines.push((4, Line::from(format!("{seen} {}", s.tokens_seen))));
+        lines.push((
+            4,
+            Line::from(format!("{seen} {}", fmt_count(s.tokens_seen))),
+        ));
     }
     let rows = inner.height as usize;
     frame.render_widget(Paragraph::new(keep_most_important(lines, rows)), inner);
