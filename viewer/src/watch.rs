@@ -224,6 +224,28 @@ mod tests {
         assert!(!ls.contains("`headroom train`"), "{ls}");
     }
 
+    /// Through the real scan of an empty runtime directory: the pip viewer's `attach`
+    /// says where it looked and advises Python, not `headroom train`.
+    #[test]
+    fn the_pip_viewers_attach_with_no_run_advises_python() {
+        let dir = std::env::temp_dir().join(format!("headroom-viewer-none-{}", std::process::id()));
+        // The only test here that reads the runtime directory.
+        std::env::set_var("HEADROOM_RUNTIME_DIR", &dir);
+        let args = AttachArgs {
+            target: None,
+            rank: None,
+            token_file: None,
+        };
+        let said = crate::run_as(crate::ViewCommand::Attach(args), Program::Viewer)
+            .expect_err("no run to attach to")
+            .to_string();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(said.contains("no runs are running"), "{said}");
+        assert!(said.contains(&*dir.to_string_lossy()), "{said}");
+        assert!(said.contains("headroom.Run("), "{said}");
+        assert!(!said.contains("`headroom train`"), "{said}");
+    }
+
     /// `ls` with none says where it looked and how a run comes to be listed.
     #[test]
     fn ls_with_no_run_says_where_it_looked_and_how_a_run_appears() {
