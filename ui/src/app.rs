@@ -490,11 +490,11 @@ impl App {
                 } else {
                     "completed"
                 };
-                self.log_t(
-                    t,
-                    Level::Info,
-                    format!("run {how} at step {}/{}", s.steps_done, s.total_steps),
-                );
+                let at = match s.total_steps {
+                    0 => format!("step {}", s.steps_done),
+                    n => format!("step {}/{n}", s.steps_done),
+                };
+                self.log_t(t, Level::Info, format!("run {how} at {at}"));
                 self.summary = Some(s.clone());
             }
             Telemetry::Hint(h) => {

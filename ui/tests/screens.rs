@@ -1030,4 +1030,22 @@ fn a_header_without_a_total_or_a_model_says_what_it_knows() {
         started,
         "run 'cnn_watch' started on cpu (model not given, from step 1, no total given)"
     );
+    let mut app = app;
+    app.apply(&Telemetry::Finished(RunSummary {
+        steps_done: 65_000,
+        total_steps: 0,
+        stopped_by_user: true,
+        last_loss: Some(0.71),
+        last_val_loss: None,
+        tokens_seen: 65_000 * 64,
+        elapsed_s: 19.0,
+        checkpoint: None,
+        memory: Default::default(),
+    }));
+    assert_eq!(app.events[0].text, "run stopped at step 65000");
+    let header: String = screen_text(&app, 100, 30).lines().take(3).collect();
+    assert!(
+        header.contains("step 65,000 ") && !header.contains("/0"),
+        "{header}"
+    );
 }
