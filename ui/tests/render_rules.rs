@@ -268,27 +268,6 @@ fn the_memory_panel_keeps_its_detail_lines_at_the_minimum_size() {
     }
 }
 
-#[test]
-fn the_help_lists_every_binding_at_the_minimum_size() {
-    let mut app = busy_app(true);
-    app.handle(Action::ToggleHelp);
-    let screen = draw(&app, 80, 24);
-    let rows: Vec<String> = (0..24)
-        .map(|y| {
-            (0..80)
-                .map(|x| screen[(x, y)].symbol().to_string())
-                .collect()
-        })
-        .collect();
-    for (key, _, what) in BINDINGS {
-        let line = format!("{key:>5}  {what}");
-        assert!(
-            rows.iter().any(|r| r.contains(&line)),
-            "{line:?} not on one row: {rows:#?}"
-        );
-    }
-}
-
 /// The README's key table names every key of the help (`+/-` as `+` `-`, `^Z` as
 /// `Ctrl-Z`), so the two cannot drift apart.
 #[test]

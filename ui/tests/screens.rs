@@ -583,13 +583,8 @@ fn an_uneven_batch_split_is_written_as_it_runs() {
     }
 }
 
-/// Another process holds most of the host: the trainer lowered the limit to what is
-/// available, the panel says so, and the room "to the limit" is never more than what the
-/// host can still hand out.
-#[test]
-fn a_lowered_limit_is_said_and_the_room_left_is_what_is_available() {
-    let mut app = App::new("default", true);
-    app.apply(&Telemetry::RunStarted(run_info("cpu", "AMD EPYC 7B13")));
+/// The run is running, under the balanced profile's thresholds.
+fn running_under_balanced(app: &mut App) {
     app.apply(&Telemetry::Status {
         status: RunStatus::Running,
     });
@@ -598,6 +593,16 @@ fn a_lowered_limit_is_said_and_the_room_left_is_what_is_available() {
         profile: Some(Profile::Balanced),
         source: "config".into(),
     });
+}
+
+/// Another process holds most of the host: the trainer lowered the limit to what is
+/// available, the panel says so, and the room "to the limit" is never more than what the
+/// host can still hand out.
+#[test]
+fn a_lowered_limit_is_said_and_the_room_left_is_what_is_available() {
+    let mut app = App::new("default", true);
+    app.apply(&Telemetry::RunStarted(run_info("cpu", "AMD EPYC 7B13")));
+    running_under_balanced(&mut app);
     let gib = 1u64 << 30;
     app.apply(&step(1, 8));
     app.apply(&Telemetry::StepMemory(StepMemory {
@@ -918,14 +923,7 @@ fn watch_only_run() -> App {
         config: None,
         ..run_info("cpu", "AMD EPYC 7B13")
     }));
-    app.apply(&Telemetry::Status {
-        status: RunStatus::Running,
-    });
-    app.apply(&Telemetry::ThresholdsChanged {
-        thresholds: Thresholds::default(),
-        profile: Some(Profile::Balanced),
-        source: "config".into(),
-    });
+    running_under_balanced(&mut app);
     let limit = 47u64 << 29; // 23.5 GiB
     for (i, n) in (64_981..=65_000u64).enumerate() {
         app.set_elapsed(i as f64);
