@@ -932,11 +932,8 @@ impl App {
             Some(secs) if self.status != RunStatus::Paused && !self.is_over() => fmt_duration(secs),
             _ => "--".into(),
         };
-        format!(
-            "step {}/{} ({pct:.0}%)  ETA {eta}",
-            fmt_count(step),
-            fmt_count(total)
-        )
+        // Not grouped by thousands here: scripts and tests read "/1000000" off the header.
+        format!("step {step}/{total} ({pct:.0}%)  ETA {eta}")
     }
 
     /// The model's size for the header; a run that named no model (a watch-only Python
