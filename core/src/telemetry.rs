@@ -444,7 +444,12 @@ pub struct Notice {
     pub level: Level,
     /// Which part speaks: `nvml`, `device`, `log`, `checkpoint`, ...
     pub source: String,
+    /// The line the screen shows.
     pub text: String,
+    /// What lies behind `text` (an error's own words), kept in the log and off the
+    /// screen. Absent from the JSON when there is none, and in logs from before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 impl Notice {
@@ -453,7 +458,14 @@ impl Notice {
             level,
             source: source.to_string(),
             text: text.into(),
+            detail: None,
         }
+    }
+
+    /// The same notice, with what lies behind it for the log.
+    pub fn with_detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = Some(detail.into());
+        self
     }
 }
 
@@ -597,6 +609,33 @@ mod tests {
         assert_eq!(s.heap, None);
         let json = serde_json::to_value(Telemetry::Sample(s)).unwrap();
         assert!(json.get("heap").is_none(), "absent, not null: {json}");
+    }
+
+    /// A notice's detail goes to the log beside its short text; a notice without one
+    /// (and every notice in a log from before the field) reads and writes as before.
+    #[test]
+    fn a_notice_carries_its_detail_and_old_notices_read_without_one() {
+        let old =
+            r#"{"kind":"notice","level":"info","source":"nvml","text":"NVML unavailable (x)"}"#;
+        let Telemetry::Notice(n) = serde_json::from_str(old).unwrap() else {
+            panic!("not a notice")
+        };
+        assert_eq!(
+            (n.text.as_str(), n.detail.as_deref()),
+            ("NVML unavailable (x)", None)
+        );
+        let json = serde_json::to_value(Telemetry::Notice(n)).unwrap();
+        assert!(json.get("detail").is_none(), "absent, not null: {json}");
+        let n = Notice::new(Level::Info, "nvml", "short").with_detail("why");
+        let json = serde_json::to_value(Telemetry::Notice(n.clone())).unwrap();
+        assert_eq!(
+            (json["text"].as_str(), json["detail"].as_str()),
+            (Some("short"), Some("why"))
+        );
+        assert_eq!(
+            serde_json::from_value::<Telemetry>(json).unwrap(),
+            Telemetry::Notice(n)
+        );
     }
 }
 

@@ -17,9 +17,11 @@ pub fn fmt_bytes(bytes: u64) -> String {
     }
 }
 
-/// Parses `6GiB`, `512MiB`, `1.5G`, `800mb`, `1024` (bytes). Both SI-looking and binary
-/// suffixes mean binary units: memory is sized in powers of two and nobody means 10^9
-/// when they type `6G` for a memory budget.
+/// Parses `6GiB`, `512MiB`, `1.5G`, `2GB`, `1024` (bytes). `KiB`/`MiB`/`GiB`/`TiB` and the
+/// bare letters (`6G`, as `free -g` and docker mean it) are powers of 1024; `KB`/`MB`/`GB`/
+/// `TB` are powers of 1000, as a disk's label and `ls --si` mean them: "2GB" is 2·10^9
+/// bytes (1.86 GiB), not 2 GiB. Whoever shows the result shows it in binary units, so the
+/// reader sees which was taken.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let t = text.trim();
     let split = t
@@ -31,13 +33,18 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         .map_err(|_| format!("'{text}' is not a size; write e.g. 6GiB, 512MiB or 1048576"))?;
     let mult: u64 = match suffix.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "t" | "tib" => 1 << 40,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
         other => {
             return Err(format!(
-                "'{text}' has an unknown unit '{other}'; use B, KiB, MiB, GiB or TiB"
+                "'{text}' has an unknown unit '{other}'; use B, KiB, MiB, GiB or TiB (powers \
+                 of 1024), or KB, MB, GB or TB (powers of 1000)"
             ))
         }
     };
@@ -46,6 +53,20 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         return Err(format!("'{text}' is out of range; give a positive size"));
     }
     Ok(bytes as u64)
+}
+
+/// `65,000`: a count grouped by thousands, for steps and samples a reader compares at a
+/// glance.
+pub fn fmt_count(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// `1m05s`, `3h02m`, `42s`: compact durations for the header and progress lines.
@@ -109,11 +130,34 @@ mod tests {
         assert_eq!(parse_bytes("6GiB").unwrap(), 6 << 30);
         assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
         assert_eq!(parse_bytes("1.5G").unwrap(), 3 << 29);
-        assert_eq!(parse_bytes(" 800mb ").unwrap(), 800 << 20);
+        assert_eq!(parse_bytes(" 800mib ").unwrap(), 800 << 20);
         assert_eq!(parse_bytes("4096").unwrap(), 4096);
         assert!(parse_bytes("six gigs").unwrap_err().contains("not a size"));
         assert!(parse_bytes("6XB").unwrap_err().contains("unknown unit"));
         assert!(parse_bytes("0").unwrap_err().contains("out of range"));
+    }
+
+    /// "2GB" is what a disk's label means by it, 2·10^9 bytes; "2GiB" and "2G" are 2^31.
+    #[test]
+    fn si_units_are_powers_of_1000_and_binary_ones_of_1024() {
+        assert_eq!(parse_bytes("2GB").unwrap(), 2_000_000_000);
+        assert_eq!(parse_bytes("800mb").unwrap(), 800_000_000);
+        assert_eq!(parse_bytes("1.5TB").unwrap(), 1_500_000_000_000);
+        assert_eq!(parse_bytes("64KB").unwrap(), 64_000);
+        assert_eq!(parse_bytes("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_bytes("2G").unwrap(), 2 << 30);
+        assert_eq!(fmt_bytes(parse_bytes("2GB").unwrap()), "1.86 GiB");
+        let e = parse_bytes("2XB").unwrap_err();
+        assert!(e.contains("GiB") && e.contains("GB"), "{e}");
+    }
+
+    #[test]
+    fn counts_are_grouped_by_thousands() {
+        assert_eq!(fmt_count(0), "0");
+        assert_eq!(fmt_count(999), "999");
+        assert_eq!(fmt_count(1000), "1,000");
+        assert_eq!(fmt_count(65_000), "65,000");
+        assert_eq!(fmt_count(1_234_567), "1,234,567");
     }
 
     #[test]

@@ -108,17 +108,10 @@ impl Sources {
         let nvml = match Nvml::init() {
             Ok(n) => Some(n),
             Err(e) => {
-                let what = if cuda.is_some() {
-                    "GPU memory, utilisation and power are not shown"
-                } else {
-                    "no NVIDIA driver on this machine; device figures are not shown"
-                };
-                notice(
-                    bus,
-                    Level::Info,
-                    "nvml",
-                    format!("NVML unavailable ({e}): {what}"),
-                );
+                bus.send(Telemetry::Notice(nvml_unavailable(
+                    cuda.is_some(),
+                    &e.to_string(),
+                )));
                 None
             }
         };
@@ -265,6 +258,65 @@ impl Sources {
     }
 }
 
+/// NVML would not start. On a CPU run that is the normal case of a machine without an
+/// NVIDIA driver: one short line on screen, the loader's error in the log only. A CUDA run
+/// without NVML is missing figures it should have, so the reason is on screen too.
+fn nvml_unavailable(cuda: bool, error: &str) -> Notice {
+    let detail = format!("NVML unavailable ({error})");
+    let text = if cuda {
+        format!("{detail}: GPU memory, utilisation and power are not shown")
+    } else {
+        "no NVIDIA driver: device figures off".to_string()
+    };
+    Notice::new(Level::Info, "nvml", text).with_detail(detail)
+}
+
 fn notice(bus: &Bus, level: Level, source: &str, text: String) {
     bus.send(Telemetry::Notice(Notice::new(level, source, text)));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a machine without an NVIDIA driver (this one, unless the test finds NVML), a
+    /// CPU run's screen gets one short line and the log gets the loader's error.
+    #[test]
+    fn a_cpu_run_without_nvml_says_one_short_line_and_logs_why() {
+        let (bus, rx) = Bus::new(true);
+        let sources = Sources::open(&bus, None, None);
+        let Some(n) = rx.events.try_iter().find_map(|r| match r.msg {
+            Telemetry::Notice(n) if n.source == "nvml" => Some(n),
+            _ => None,
+        }) else {
+            assert!(sources.nvml.is_some(), "no NVML and no notice");
+            return;
+        };
+        assert_eq!(n.text, "no NVIDIA driver: device figures off");
+        let detail = n.detail.expect("the error is kept for the log");
+        assert!(detail.starts_with("NVML unavailable ("), "{detail}");
+        let logged = rx
+            .log
+            .expect("a log sink")
+            .try_iter()
+            .find_map(|r| match r.msg {
+                Telemetry::Notice(n) if n.source == "nvml" => Some(n),
+                _ => None,
+            });
+        assert_eq!(logged.and_then(|n| n.detail), Some(detail));
+    }
+
+    #[test]
+    fn a_cuda_run_without_nvml_says_why_on_screen() {
+        let n = nvml_unavailable(true, "libnvidia-ml.so.1: cannot open shared object file");
+        assert!(
+            n.text.contains("cannot open shared object file"),
+            "{}",
+            n.text
+        );
+        assert!(n
+            .text
+            .ends_with("GPU memory, utilisation and power are not shown"));
+        assert!(n.detail.is_some());
+    }
 }

@@ -2,7 +2,7 @@
 //! terminal, no clock (time is handed in), so every update is unit-tested.
 use std::collections::{BTreeMap, VecDeque};
 
-use headroom_core::units::{fmt_bytes, fmt_duration};
+use headroom_core::units::{fmt_bytes, fmt_count, fmt_duration};
 use headroom_core::{
     Command, EvalMetrics, Hint, HintKind, Level, Record, RunInfo, RunStatus, RunSummary,
     SegmentMap, StepMetrics, SystemSample, Telemetry,
@@ -395,6 +395,13 @@ impl App {
         self.apply_at(self.elapsed, msg);
     }
 
+    /// The screen's own word on the run's latest record (its end): stamped no earlier than
+    /// that record, since a replay's records can run ahead of its clock (`--end`, `G`).
+    pub fn apply_after_latest(&mut self, msg: &Telemetry) {
+        let t = self.run_t.map_or(self.elapsed, |r| r.max(self.elapsed));
+        self.apply_at(t, msg);
+    }
+
     fn apply_at(&mut self, t: f64, msg: &Telemetry) {
         self.breakdown.observe(msg);
         if let Some((level, text)) = self.policy.apply(t, msg) {
@@ -402,16 +409,23 @@ impl App {
         }
         match msg {
             Telemetry::RunStarted(info) => {
+                let model = match info.parameters {
+                    0 => "model not given".to_string(),
+                    n => format!("{:.2}M parameters", n as f64 / 1e6),
+                };
+                let steps = match info.total_steps {
+                    0 => format!(
+                        "from step {}, no total given",
+                        fmt_count(info.start_step + 1)
+                    ),
+                    n => format!("steps {}..{}", info.start_step + 1, n),
+                };
                 self.log_t(
                     t,
                     Level::Info,
                     format!(
-                        "run '{}' started on {} ({:.2}M parameters, steps {}..{})",
-                        info.run_name,
-                        info.device,
-                        info.parameters as f64 / 1e6,
-                        info.start_step + 1,
-                        info.total_steps
+                        "run '{}' started on {} ({model}, {steps})",
+                        info.run_name, info.device
                     ),
                 );
                 self.run_name = info.run_name.clone();
@@ -476,11 +490,11 @@ impl App {
                 } else {
                     "completed"
                 };
-                self.log_t(
-                    t,
-                    Level::Info,
-                    format!("run {how} at step {}/{}", s.steps_done, s.total_steps),
-                );
+                let at = match s.total_steps {
+                    0 => format!("step {}", s.steps_done),
+                    n => format!("step {}/{n}", s.steps_done),
+                };
+                self.log_t(t, Level::Info, format!("run {how} at {at}"));
                 self.summary = Some(s.clone());
             }
             Telemetry::Hint(h) => {
@@ -908,17 +922,27 @@ impl App {
 
     pub fn progress_line(&self) -> String {
         let (step, total) = (self.step(), self.total_steps());
-        let pct = if total > 0 {
-            100.0 * step as f64 / total as f64
-        } else {
-            0.0
-        };
+        // A run that gave no total (a Python loop) has no share done and no ETA.
+        if total == 0 {
+            return format!("step {}", fmt_count(step));
+        }
+        let pct = 100.0 * step as f64 / total as f64;
         // A paused or ended run has no pace to extrapolate.
         let eta = match self.eta() {
             Some(secs) if self.status != RunStatus::Paused && !self.is_over() => fmt_duration(secs),
             _ => "--".into(),
         };
+        // Not grouped by thousands here: scripts and tests read "/1000000" off the header.
         format!("step {step}/{total} ({pct:.0}%)  ETA {eta}")
+    }
+
+    /// The model's size for the header; a run that named no model (a watch-only Python
+    /// run) says so rather than "0.00M params".
+    pub fn model_line(&self) -> Option<String> {
+        self.info.as_ref().map(|i| match i.parameters {
+            0 => "model not given".into(),
+            n => format!("{:.2}M params", n as f64 / 1e6),
+        })
     }
 
     pub fn device_line(&self) -> String {

@@ -401,7 +401,7 @@ fn ended(app: &mut App, exit: &mut DashboardExit, opts: &DashboardOptions, msg: 
                 return true;
             }
             // The final charts stay, as a failed run's screen does.
-            app.apply(&Telemetry::Notice(Notice::new(
+            app.apply_after_latest(&Telemetry::Notice(Notice::new(
                 Level::Info,
                 "ui",
                 format!("the run {how}: {closes}"),
@@ -415,7 +415,7 @@ fn ended(app: &mut App, exit: &mut DashboardExit, opts: &DashboardOptions, msg: 
                 Mode::InProcess => "q closes the screen (the reason is printed again)",
                 _ => closes,
             };
-            app.apply(&Telemetry::Notice(Notice::new(
+            app.apply_after_latest(&Telemetry::Notice(Notice::new(
                 Level::Error,
                 "ui",
                 format!("the run failed: {again}"),

@@ -235,6 +235,13 @@ fn render_header(frame: &mut Frame, app: &App, area: Rect) {
         (_, RunStatus::Paused) => "paused: no steps running".into(),
         (_, RunStatus::Finished) => "finished".into(),
         (_, RunStatus::Failed) => "failed".into(),
+        // Data without tokens (seq_len 1: a sample is the unit) has no token rate to show:
+        // it would only repeat samples/s.
+        (Some(s), _) if s.seq_len <= 1 => format!(
+            "{:.1} samples/s · {:.1} steps/s",
+            s.samples_per_s,
+            1.0 / s.step_time_s.max(1e-9)
+        ),
         (Some(s), _) => format!(
             "{:.1} samples/s · {:.0} tok/s · {:.1} steps/s",
             s.samples_per_s,
@@ -244,9 +251,8 @@ fn render_header(frame: &mut Frame, app: &App, area: Rect) {
         (None, _) => "waiting for the first step".into(),
     };
     let params = app
-        .info
-        .as_ref()
-        .map(|i| format!(" · {:.2}M params", i.parameters as f64 / 1e6))
+        .model_line()
+        .map(|m| format!(" · {m}"))
         .unwrap_or_default();
     // At 80 columns the device line sheds the parameter count, then steps/s.
     let cols = area.width.saturating_sub(2) as usize;
@@ -282,12 +288,20 @@ fn level_color(level: Level) -> Color {
 }
 
 fn render_memory(frame: &mut Frame, app: &App, area: Rect) {
+    // "limit" is the configured one, as the run's "memory limit …" notice says; what other
+    // processes left of it is "available", and usage is a share of that.
     let title = match (app.policy.lowered_limit(), app.policy.limit_bytes()) {
-        (Some((limit, configured)), _) => format!(
-            " memory · limit {} of {} ",
-            fmt_bytes(limit),
-            fmt_bytes(configured)
-        ),
+        (Some((available, limit)), _) => {
+            let (available, limit) = (fmt_bytes(available), fmt_bytes(limit));
+            first_fitting(
+                &[
+                    format!(" memory · limit {limit} · {available} of it available "),
+                    format!(" memory · limit {limit} · {available} available "),
+                    format!(" limit {limit} · {available} available "),
+                ],
+                area.width.saturating_sub(2) as usize,
+            )
+        }
         (None, Some(limit)) => format!(" memory · limit {} ", fmt_bytes(limit)),
         (None, None) => " memory now ".to_string(),
     };
@@ -422,13 +436,16 @@ fn memory_lines(app: &App, m: &StepMemory, cols: usize) -> Vec<(u8, Line<'static
         };
         lines.push((0, Line::styled(first_fitting(&texts, cols), style)));
     }
-    if let Some((limit, configured)) = app.policy.lowered_limit() {
-        let (limit, configured) = (fmt_bytes(limit), fmt_bytes(configured));
+    if let Some((available, limit)) = app.policy.lowered_limit() {
+        let held = fmt_bytes(limit - available);
+        let available = fmt_bytes(available);
         let lowered = [
-            format!("limit {limit} available of {configured} (other processes hold the rest)"),
-            format!("limit {limit} available of {configured}: others hold the rest"),
-            format!("{limit} available of {configured}: others hold the rest"),
-            format!("{limit} available of {configured}"),
+            format!(
+                "other processes hold {held} of the limit: usage is of the {available} available"
+            ),
+            format!("others hold {held} of the limit: usage is of {available}"),
+            format!("others hold {held}: usage is of {available}"),
+            format!("others hold {held} of the limit"),
         ];
         lines.push((
             1,
@@ -911,8 +928,10 @@ fn render_footer(frame: &mut Frame, app: &App, area: Rect) {
 fn render_help(frame: &mut Frame, app: &App, area: Rect) {
     let table = bindings(&app.mode);
     let width = 72.min(area.width);
-    // Bindings, a blank line and three notes; every line fits the width unwrapped.
-    let height = (table.len() as u16 + 6).min(area.height);
+    // Bindings, a blank line and three notes; every line fits the width unwrapped. The
+    // blank line goes first where the box would not fit (a viewer's longer table at 80×24).
+    let spaced = table.len() as u16 + 6 <= area.height;
+    let height = (table.len() as u16 + 5 + u16::from(spaced)).min(area.height);
     let rect = Rect::new(
         area.x + (area.width - width) / 2,
         area.y + (area.height - height) / 2,
@@ -928,7 +947,9 @@ fn render_help(frame: &mut Frame, app: &App, area: Rect) {
             ])
         })
         .collect();
-    lines.push(Line::from(""));
+    if spaced {
+        lines.push(Line::from(""));
+    }
     let last = match app.mode {
         crate::mode::Mode::Replay { .. } => "a replay is read-only: p c t P b f send no commands",
         _ => "commands apply between steps; shown once the trainer confirms them",

@@ -906,3 +906,32 @@ fn a_replay_steers_the_replay_and_sends_no_commands() {
         "{screen}"
     );
 }
+
+/// A replay jumped to its end (`--end`, `G`) has its records ahead of its clock: the
+/// screen's "the run finished" is stamped at the run's end, among its last events, not
+/// at the clock's 0s.
+#[test]
+fn a_replays_end_is_stamped_at_the_runs_time() {
+    let h = Harness::with(Setup {
+        command_room: 8,
+        mode: Mode::Replay {
+            source: "run.jsonl".into(),
+        },
+        ..Setup::default()
+    });
+    h.events.send_at(
+        3.0,
+        Telemetry::Status {
+            status: RunStatus::Running,
+        },
+    );
+    h.events.send_at(3.4, Telemetry::Finished(summary()));
+    wait_for("the loop to take the events", || h.events.is_empty());
+    h.frame();
+    let (_, screen, _) = h.quit();
+    assert!(
+        screen.contains("3s [ui] the run finished: q closes the replay"),
+        "{screen}"
+    );
+    assert!(!screen.contains("0s [ui]"), "{screen}");
+}

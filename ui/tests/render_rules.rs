@@ -7,8 +7,9 @@ use headroom_core::{
     SystemSample, Telemetry,
 };
 use headroom_ui::app::App;
-use headroom_ui::keys::{Action, BINDINGS};
+use headroom_ui::keys::{bindings, Action, BINDINGS};
 use headroom_ui::view::render;
+use headroom_ui::Mode;
 use ratatui::backend::TestBackend;
 use ratatui::buffer::Buffer;
 use ratatui::style::Color;
@@ -267,23 +268,77 @@ fn the_memory_panel_keeps_its_detail_lines_at_the_minimum_size() {
     }
 }
 
+/// The README's key table names every key of the help (`+/-` as `+` `-`, `^Z` as
+/// `Ctrl-Z`), so the two cannot drift apart.
 #[test]
-fn the_help_lists_every_binding_at_the_minimum_size() {
-    let mut app = busy_app(true);
-    app.handle(Action::ToggleHelp);
-    let screen = draw(&app, 80, 24);
-    let rows: Vec<String> = (0..24)
-        .map(|y| {
-            (0..80)
-                .map(|x| screen[(x, y)].symbol().to_string())
-                .collect()
-        })
+fn the_readmes_key_table_names_every_binding() {
+    let readme = include_str!("../../README.md");
+    let table: Vec<&str> = readme
+        .split("## Keys")
+        .nth(1)
+        .expect("README has a Keys section")
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
         .collect();
-    for (key, _, what) in BINDINGS {
-        let line = format!("{key:>5}  {what}");
+    for (key, _, _) in BINDINGS {
+        let parts: Vec<String> = match *key {
+            k if k.starts_with('^') => vec![format!("Ctrl-{}", &k[1..])],
+            k if k.contains(['/', ' ']) => k.split(['/', ' ']).map(String::from).collect(),
+            k if k.chars().all(|c| "←→↑↓".contains(c)) => {
+                k.chars().map(String::from).collect()
+            }
+            k => vec![k.to_string()],
+        };
+        for part in parts {
+            let cell = format!("`{part}`");
+            assert!(
+                table.iter().any(|c| c.contains(&cell)),
+                "README's key table lacks {cell} ({key}): {table:#?}"
+            );
+        }
+    }
+}
+
+/// In every mode the help fits 80×24 whole: every binding of the mode and the last note
+/// (an attached viewer's table is two keys longer than the run's own).
+#[test]
+fn the_help_keeps_its_last_line_at_the_minimum_size_in_every_mode() {
+    for (mode, last) in [
+        (Mode::InProcess, "commands apply between steps"),
+        (
+            Mode::Attached {
+                address: "/run/user/1000/headroom/t-1.sock".into(),
+            },
+            "commands apply between steps",
+        ),
+        (
+            Mode::Replay {
+                source: "run.jsonl".into(),
+            },
+            "a replay is read-only",
+        ),
+    ] {
+        let mut app = busy_app(true).with_mode(mode.clone());
+        app.handle(Action::ToggleHelp);
+        let screen = draw(&app, 80, 24);
+        let rows: Vec<String> = (0..24)
+            .map(|y| {
+                (0..80)
+                    .map(|x| screen[(x, y)].symbol().to_string())
+                    .collect()
+            })
+            .collect();
+        for (key, _, what) in bindings(&mode) {
+            let line = format!("{key:>5}  {what}");
+            assert!(
+                rows.iter().any(|r| r.contains(&line)),
+                "{mode:?}: {line:?} not on one row: {rows:#?}"
+            );
+        }
         assert!(
-            rows.iter().any(|r| r.contains(&line)),
-            "{line:?} not on one row: {rows:#?}"
+            rows.iter().any(|r| r.contains(last)),
+            "{mode:?}: {last:?} cut: {rows:#?}"
         );
     }
 }

@@ -278,3 +278,35 @@ fn wait_until(done: impl Fn() -> bool) {
         std::thread::sleep(Duration::from_millis(2));
     }
 }
+
+/// The fixture log (written before notices had a `detail`) replays whole: its NVML
+/// notice reads as it was written, with no detail, and no line is skipped as bad.
+#[test]
+fn an_old_log_with_notices_before_detail_replays_whole() {
+    let log = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-run.jsonl");
+    let feed = replay_feed(
+        &log,
+        ReplayOptions {
+            start_at_end: true,
+            ..ReplayOptions::default()
+        },
+    )
+    .unwrap();
+    let mut nvml = None;
+    let mut last = String::new();
+    while let Ok(r) = feed.events.recv_timeout(WAIT) {
+        last = text_of(&r);
+        match r.msg {
+            Telemetry::Notice(n) if n.source == "nvml" => nvml = Some(n),
+            _ => {}
+        }
+        if last.contains("end of the log") {
+            break;
+        }
+    }
+    let nvml = nvml.expect("the fixture's NVML notice");
+    assert!(nvml.text.starts_with("NVML unavailable ("), "{}", nvml.text);
+    assert_eq!(nvml.detail, None);
+    assert!(last.contains("end of the log"), "{last}");
+    assert!(!last.contains("not records"), "{last}");
+}

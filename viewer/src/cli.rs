@@ -58,8 +58,9 @@ pub struct AttachArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct ReplayArgs {
-    /// The log written with `headroom train --log FILE`; for a torchrun job, one log per
-    /// rank (the panels show one rank at a time, `[` `]` or the rank's digit switch)
+    /// A run's JSONL log (`headroom train --log FILE`, or a Python run's `log=`); for a
+    /// torchrun job, one log per rank (the panels show one rank at a time, `[` `]` or the
+    /// rank's digit switch)
     #[arg(value_name = "LOG", required = true, num_args = 1..)]
     pub log: Vec<PathBuf>,
     /// Playback speed against the run's own clock (e.g. 10 plays ten times as fast)

@@ -11,11 +11,26 @@ use headroom_host::out;
 
 pub use cli::{AttachArgs, ReplayArgs, ViewCommand, ViewerCli, ViewerOnly};
 
-/// Runs one viewer command.
+/// Which program the viewer runs in: what it advises must be something that program
+/// does (the pip viewer cannot `headroom train`; its user starts runs from Python).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Program {
+    /// The full `headroom` binary, which trains too.
+    Full,
+    /// The viewer-only `headroom` of the Python package.
+    Viewer,
+}
+
+/// Runs one viewer command in the full binary.
 pub fn run(cmd: ViewCommand) -> anyhow::Result<()> {
+    run_as(cmd, Program::Full)
+}
+
+/// Runs one viewer command in `program`.
+pub fn run_as(cmd: ViewCommand, program: Program) -> anyhow::Result<()> {
     match cmd {
-        ViewCommand::Ls => watch::ls(),
-        ViewCommand::Attach(args) => watch::attach(args),
+        ViewCommand::Ls => watch::ls(program),
+        ViewCommand::Attach(args) => watch::attach(args, program),
         ViewCommand::Replay(args) => watch::replay(args),
     }
 }
@@ -37,7 +52,7 @@ pub fn main_viewer(argv: Vec<String>) -> u8 {
         }
     };
     let result = match cli.command {
-        ViewerOnly::View(cmd) => run(cmd),
+        ViewerOnly::View(cmd) => run_as(cmd, Program::Viewer),
         ViewerOnly::Train { .. } => Err(anyhow::anyhow!(TRAIN_NEEDS_FULL_BUILD)),
     };
     match result {

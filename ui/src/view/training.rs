@@ -1,5 +1,6 @@
 //! The training panel: how the batch is split, the micro-batch's size over time, the
 //! controller's last decision, loss and pace.
+use headroom_core::units::fmt_count;
 use ratatui::layout::Rect;
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
@@ -154,20 +155,12 @@ pub(super) fn render(frame: &mut Frame, app: &App, area: Rect) {
             None => vec![format!("loss {:.4} · val {val}", s.loss)],
         };
         lines.push((2, Line::from(first_fitting(&loss, cols))));
-        lines.push((
-            3,
-            Line::from(ellipsize(
-                &match s.lr {
-                    Some(lr) => format!(
-                        "seq {} · lr {lr:.2e} · step {:.0} ms",
-                        s.seq_len,
-                        s.step_time_s * 1e3
-                    ),
-                    None => format!("seq {} · step {:.0} ms", s.seq_len, s.step_time_s * 1e3),
-                },
-                cols,
-            )),
-        ));
+        // Data without tokens (seq_len 1) has no sequence length to show.
+        let seq = (s.seq_len > 1).then(|| format!("seq {}", s.seq_len));
+        let lr = s.lr.map(|lr| format!("lr {lr:.2e}"));
+        let time = Some(format!("step {:.0} ms", s.step_time_s * 1e3));
+        let parts: Vec<String> = [seq, lr, time].into_iter().flatten().collect();
+        lines.push((3, Line::from(ellipsize(&parts.join(" · "), cols))));
     }
     if policy.ooms > 0 || policy.ceiling_tokens.is_some() {
         let ceiling = policy
@@ -186,7 +179,14 @@ pub(super) fn render(frame: &mut Frame, app: &App, area: Rect) {
         lines.push((2, Line::styled(first_fitting(&ooms, cols), style)));
     }
     if let Some(s) = &app.last_step {
-        lines.push((4, Line::from(format!("tokens seen {}", s.tokens_seen))));
+        let seen = match s.seq_len {
+            0 | 1 => "samples seen",
+            _ => "tokens seen",
+        };
+        lines.push((
+            4,
+            Line::from(format!("{seen} {}", fmt_count(s.tokens_seen))),
+        ));
     }
     let rows = inner.height as usize;
     frame.render_widget(Paragraph::new(keep_most_important(lines, rows)), inner);

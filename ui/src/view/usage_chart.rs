@@ -60,11 +60,24 @@ fn floor_step(x: f64) -> f64 {
 /// How far below the lowest rule the chart reaches while the run is up near the rules.
 const ZOOM_BELOW_RULES: f64 = 0.30;
 
+/// Below a third of the lowest rule, the run is far from every threshold: the chart is
+/// scaled to what is used, and the rules are named above it instead of ruled.
+const FAR_BELOW_RULES: f64 = 1.0 / 3.0;
+
 /// The usage range shown, on whole 5% steps: every point and rule with a little room.
 /// While the latest peak is within 30% of the lowest rule, the range starts there
 /// instead, and older, lower points sit on the floor (labelled `≤`): at 80×24 the plot is
 /// four rows tall, and target and critical (5% apart) need a row each to be told apart.
+/// While every point is far below the rules (2% of the limit against a 90% target), the
+/// range is 0 to a little over the highest point, on whole 1% steps: on the whole range
+/// such a run is a flat line on the floor.
 pub fn y_range(points: &[(f64, f64)], rules: &[f64], latest: Option<f64>) -> [f64; 2] {
+    let top = points.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
+    let lowest_rule = rules.iter().copied().fold(1.0, f64::min);
+    if top.is_finite() && top < lowest_rule * FAR_BELOW_RULES {
+        let hi = ((top.max(0.0) * 1.25 * 100.0 - 1e-9).ceil() / 100.0).max(0.01);
+        return [0.0, hi];
+    }
     let values = points.iter().map(|p| p.1).chain(rules.iter().copied());
     let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
         (lo.min(v), hi.max(v))
@@ -236,6 +249,7 @@ pub(super) fn render(frame: &mut Frame, app: &App, area: Rect, block: Block) {
             }),
         plot,
     );
+    name_rules_above(frame.buffer_mut(), app, &scale, &rules);
 }
 
 fn put(buf: &mut Buffer, x: u16, y: u16, text: &str, style: Style) {
@@ -272,7 +286,7 @@ fn draw_gutter_and_rules(
         ),
     ];
     let mut ruled: Vec<(u16, String, f64, Color)> = Vec::new();
-    for (letter, value, color) in rules {
+    for (letter, value, color) in rules.iter().filter(|r| r.1 <= scale.y[1]) {
         let row = scale.row(*value);
         match ruled.iter_mut().find(|r| r.0 == row) {
             // Two thresholds on one row: both letters, the lower value, and the colour of
@@ -309,6 +323,30 @@ fn draw_gutter_and_rules(
     }
     for (row, text, style) in labels {
         put(buf, inner.x, row, &text, style);
+    }
+}
+
+/// Rules above the range (a run far below them) are named on the top row instead of
+/// ruled; drawn over the line, which may reach that row.
+fn name_rules_above(buf: &mut Buffer, app: &App, scale: &Scale, rules: &[(&str, f64, Color)]) {
+    let plot = scale.plot;
+    let above: Vec<&(&str, f64, Color)> = rules.iter().filter(|r| r.1 > scale.y[1]).collect();
+    if !above.is_empty() {
+        let all: Vec<String> = above
+            .iter()
+            .map(|(l, v, _)| format!("{l} {:.0}%", v * 100.0))
+            .collect();
+        let first = all[0].clone();
+        let text = first_fitting(
+            &[
+                format!("↑ thresholds above: {}", all.join(" ")),
+                format!("↑ {}", all.join(" ")),
+                format!("↑ {first}"),
+            ],
+            plot.width as usize,
+        );
+        let x = plot.right().saturating_sub(width(&text) as u16);
+        put(buf, x, plot.y, &text, fg(app, above[0].2));
     }
 }
 
@@ -391,11 +429,30 @@ mod tests {
     fn range_covers_points_and_rules_on_five_percent_steps() {
         let r = y_range(&[(0.0, 0.85), (1.0, 0.88)], &[0.9, 0.95], Some(0.88));
         assert_eq!(r, [0.8, 1.0]);
-        let r = y_range(&[(0.0, 0.12)], &[0.9, 0.95], Some(0.12));
+        let r = y_range(&[(0.0, 0.12), (1.0, 0.35)], &[0.9, 0.95], Some(0.12));
         assert_eq!(r, [0.05, 1.0]);
         assert_eq!(y_range(&[], &[], None), [0.0, 1.0]);
         let over = y_range(&[(0.0, 1.07)], &[], Some(1.07));
         assert!(over[1] >= 1.07 && over[0] < 1.07, "{over:?}");
+    }
+
+    /// 2–4% of the limit against a 90% target: the range is what is used, not 0–100%
+    /// with the run a flat line on the floor.
+    #[test]
+    fn a_run_far_below_its_rules_is_scaled_to_what_it_uses() {
+        let pts = [(0.0, 0.02), (1.0, 0.04), (2.0, 0.03)];
+        assert_eq!(y_range(&pts, &[0.9, 0.92, 0.95], Some(0.03)), [0.0, 0.05]);
+        assert_eq!(
+            y_range(&[(0.0, 0.12)], &[0.9, 0.95], Some(0.12)),
+            [0.0, 0.15]
+        );
+        assert_eq!(y_range(&[(0.0, 0.001)], &[0.9], None), [0.0, 0.01]);
+        let s = Scale {
+            x: [0.0, 2.0],
+            y: [0.0, 0.05],
+            plot: Rect::new(0, 0, 10, 4),
+        };
+        assert_ne!(s.row(0.02), s.row(0.04), "2% and 4% on rows of their own");
     }
 
     #[test]
