@@ -179,5 +179,13 @@ mod tests {
         );
         assert!(e.contains("holds no files"), "{e}");
         assert!(check(&d.join("notes.txt"), given, false).is_ok());
+        // A resume trains on its checkpoint's text only: the bundled one would be refused.
+        let e = check(&d.join("absent.txt"), "--corpus", true).unwrap_err();
+        assert!(
+            e.contains("pass --corpus with the path where the checkpoint's text is now")
+                && e.contains("--allow-changed-corpus")
+                && !e.contains("bundled"),
+            "{e}"
+        );
     }
 }

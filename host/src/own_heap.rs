@@ -107,7 +107,23 @@ pub const SMALL_MAX: usize = 64 << 10;
 const MIN_CLASS: usize = 16;
 const CLASSES: usize = (SMALL_MAX / MIN_CLASS).trailing_zeros() as usize + 1;
 const CHUNK: usize = 1 << 20;
-const PAGE: usize = 4096;
+
+/// The kernel's page size (4 KiB on x86-64, up to 64 KiB on some arm64 kernels).
+fn page() -> usize {
+    static PAGE: AtomicUsize = AtomicUsize::new(0);
+    match PAGE.load(Ordering::Relaxed) {
+        0 => {
+            // SAFETY: sysconf only reads a constant of the system.
+            let p = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+                n if n > 0 => n as usize,
+                _ => 4096,
+            };
+            PAGE.store(p, Ordering::Relaxed);
+            p
+        }
+        p => p,
+    }
+}
 
 static BASE: AtomicUsize = AtomicUsize::new(0);
 static LEN: AtomicUsize = AtomicUsize::new(0);
@@ -162,7 +178,7 @@ struct Spare {
 /// Which size class a small layout falls in, if it is small.
 fn class_of(layout: Layout) -> Option<usize> {
     let size = layout.size().max(layout.align()).max(MIN_CLASS);
-    if size > SMALL_MAX || layout.align() > PAGE {
+    if size > SMALL_MAX || layout.align() > page() {
         return None;
     }
     Some((size.next_power_of_two() / MIN_CLASS).trailing_zeros() as usize)
@@ -177,7 +193,7 @@ impl Spare {
     fn footprint(layout: Layout) -> usize {
         match class_of(layout) {
             Some(c) => MIN_CLASS << c,
-            None => round_up(layout.size().max(1), PAGE),
+            None => round_up(layout.size().max(1), page()),
         }
     }
 
@@ -214,7 +230,7 @@ impl Spare {
         if !self.ensure_range() {
             return ptr::null_mut();
         }
-        let at = round_up(self.next, align.max(PAGE));
+        let at = round_up(self.next, align.max(page()));
         if at.checked_add(len).is_none_or(|end| end > self.len) {
             return ptr::null_mut();
         }
@@ -256,7 +272,7 @@ impl Spare {
 
     unsafe fn alloc(&mut self, layout: Layout) -> *mut u8 {
         let Some(c) = class_of(layout) else {
-            return self.map(round_up(layout.size().max(1), PAGE), layout.align());
+            return self.map(round_up(layout.size().max(1), page()), layout.align());
         };
         let head = self.free[c];
         if head != 0 {
@@ -265,16 +281,16 @@ impl Spare {
         }
         let size = MIN_CLASS << c;
         if self.carve + size > self.carve_end {
-            let chunk = self.map(CHUNK, PAGE);
+            let chunk = self.map(CHUNK.max(page()), page());
             if chunk.is_null() {
                 return chunk;
             }
             self.carve = chunk as usize;
-            self.carve_end = self.carve + CHUNK;
+            self.carve_end = self.carve + CHUNK.max(page());
         }
         // Blocks of a class are carved at multiples of their size from a page-aligned
         // chunk, so each is aligned to its size (up to a page).
-        let p = round_up(self.carve, size.min(PAGE));
+        let p = round_up(self.carve, size.min(page()));
         if p + size > self.carve_end {
             self.carve = self.carve_end;
             return self.alloc(layout);
@@ -289,7 +305,7 @@ impl Spare {
                 *(p as *mut usize) = self.free[c];
                 self.free[c] = p as usize;
             }
-            None => self.unmap(p, round_up(layout.size().max(1), PAGE)),
+            None => self.unmap(p, round_up(layout.size().max(1), page())),
         }
     }
 }
@@ -307,8 +323,8 @@ mod tests {
         assert_eq!(class_of(l(8, 64)), Some(2));
         assert_eq!(class_of(l(SMALL_MAX, 8)), Some(CLASSES - 1));
         assert_eq!(class_of(l(SMALL_MAX + 1, 8)), None);
-        assert_eq!(class_of(l(64, 8192)), None);
+        assert_eq!(class_of(l(64, 2 * page())), None);
         assert_eq!(Spare::footprint(l(100, 8)), 128);
-        assert_eq!(Spare::footprint(l(SMALL_MAX + 1, 8)), SMALL_MAX + PAGE);
+        assert_eq!(Spare::footprint(l(SMALL_MAX + 1, 8)), SMALL_MAX + page());
     }
 }

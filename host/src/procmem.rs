@@ -158,10 +158,17 @@ pub fn set_hard_limit(budget: u64) -> Result<u64, String> {
         ));
     }
     let cap = data + (budget - rss);
-    let lim = libc::rlimit {
-        rlim_cur: cap,
+    // The hard limit stays as it is: raising it takes privilege (a finite one set by the
+    // user's shell or a scheduler would make the call fail), and the cap may not pass it.
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
         rlim_max: libc::RLIM_INFINITY,
     };
+    // SAFETY: getrlimit fills a plain struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_DATA, &mut lim) } != 0 {
+        lim.rlim_max = libc::RLIM_INFINITY;
+    }
+    lim.rlim_cur = cap.min(lim.rlim_max);
     // SAFETY: a plain syscall on a fully initialised struct.
     if unsafe { libc::setrlimit(libc::RLIMIT_DATA, &lim) } != 0 {
         return Err(format!(
@@ -169,7 +176,7 @@ pub fn set_hard_limit(budget: u64) -> Result<u64, String> {
             std::io::Error::last_os_error()
         ));
     }
-    Ok(cap)
+    Ok(lim.rlim_cur)
 }
 
 /// The environment variable that fills the cap at a run's give-up ([`fill_cap_now`]).

@@ -83,15 +83,17 @@ fn a_full_cap_refuses_the_system_allocator_and_never_headrooms_own_allocations()
         child();
         return;
     }
+    let text =
+        in_a_child("a_full_cap_refuses_the_system_allocator_and_never_headrooms_own_allocations");
+    assert!(text.contains("served "), "{text}");
+}
+
+/// Runs one test of this binary again in a child process with [`CHILD`] set (the cap is
+/// process-wide); returns what it printed, after asserting it passed.
+fn in_a_child(test: &str) -> String {
     let exe = std::env::current_exe().unwrap();
     let out = Command::new(exe)
-        .args([
-            "--exact",
-            "a_full_cap_refuses_the_system_allocator_and_never_headrooms_own_allocations",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
+        .args(["--exact", test, "--nocapture", "--test-threads", "1"])
         .env(CHILD, "1")
         .output()
         .unwrap();
@@ -101,7 +103,7 @@ fn a_full_cap_refuses_the_system_allocator_and_never_headrooms_own_allocations()
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "{:?}: {text}", out.status);
-    assert!(text.contains("served "), "{text}");
+    text
 }
 
 /// Threads that allocate at once under a full cap: the spare pages' lock keeps their
@@ -140,23 +142,5 @@ fn threads_allocating_at_once_under_a_full_cap_keep_their_blocks_apart() {
         println!("ok");
         return;
     }
-    let exe = std::env::current_exe().unwrap();
-    let out = Command::new(exe)
-        .args([
-            "--exact",
-            "threads_allocating_at_once_under_a_full_cap_keep_their_blocks_apart",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env(CHILD, "1")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{:?}: {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    in_a_child("threads_allocating_at_once_under_a_full_cap_keep_their_blocks_apart");
 }

@@ -1177,23 +1177,14 @@ impl Trainer {
                 Ok(Stepped::Abandoned { micro_batches_done }) => {
                     self.opt.zero_grad();
                     self.stop.publish(self.step, false);
-                    let total = plan.accum_steps();
-                    let dropped = match micro_batches_done {
-                        0 => "nothing of it had been computed",
-                        d if d >= total => {
-                            "its gradients, complete but not yet applied, are dropped"
-                        }
-                        _ => "its partial gradients are dropped",
-                    };
                     bus.send(Telemetry::Notice(Notice::new(
                         Level::Warn,
                         "stop",
-                        format!(
-                            "step {s} abandoned after {micro_batches_done} of {total} \
-                             micro-batches ({:.1}s in): {dropped} and the parameters stay \
-                             those of step {}; a resume redoes step {s}",
+                        abandoned_text(
+                            s,
+                            micro_batches_done,
+                            plan.accum_steps(),
                             t0.elapsed().as_secs_f64(),
-                            self.step
                         ),
                     )));
                     return Ok(false);
@@ -1871,9 +1862,36 @@ fn plan_split(plan: &Plan, lever: Lever) -> PlanSplit {
     }
 }
 
+/// What a stop left of step `s`, given up after `done` of its `total` micro-batches: the
+/// gradients it drops are partial only when some micro-batches were still to come.
+fn abandoned_text(s: u64, done: usize, total: usize, secs: f64) -> String {
+    let dropped = match done {
+        0 => "nothing of it had been computed",
+        d if d >= total => "its gradients, complete but not yet applied, are dropped",
+        _ => "its partial gradients are dropped",
+    };
+    format!(
+        "step {s} abandoned after {done} of {total} micro-batches ({secs:.1}s in): {dropped} \
+         and the parameters stay those of step {}; a resume redoes step {s}",
+        s - 1
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stop_in_a_steps_only_micro_batch_does_not_call_its_gradients_partial() {
+        let only = abandoned_text(8, 1, 1, 0.4);
+        assert!(
+            only.contains("complete but not yet applied") && !only.contains("partial"),
+            "{only}"
+        );
+        assert!(abandoned_text(8, 3, 8, 1.0).contains("partial gradients"));
+        assert!(abandoned_text(8, 0, 8, 0.0).contains("nothing of it"));
+        assert!(abandoned_text(8, 3, 8, 1.0).contains("stay those of step 7"));
+    }
 
     fn lengthened(from: u64, to: u64, step: u64) -> Notice {
         let mut then = RunConfig::default();
