@@ -1138,6 +1138,7 @@ PY
       ;;
     overhead)
       section overhead; need 240 overhead || continue
+      [[ -x $ROOT/target/gpu/overhead ]] || { line SKIP overhead "no bench binary at target/gpu/overhead: build and carry it (the header)"; continue; }
       HEADROOM_BIN=$BIN timeout "$(tmo 500)" "$ROOT/target/gpu/overhead" ${OVERHEAD_ARGS:-3 60 configs/gpu.toml} 2>&1 |
         tee "$OUT/overhead.txt"
       echo "${PIPESTATUS[0]}" > "$OUT/overhead.rc"
@@ -1155,6 +1156,7 @@ PY
       ;;
     telemetry)
       section telemetry; need 120 telemetry || continue
+      [[ -x $ROOT/target/gpu/telemetry ]] || { line SKIP telemetry "no bench binary at target/gpu/telemetry: build and carry it (the header)"; continue; }
       HEADROOM_BIN=$BIN timeout "$(tmo 400)" "$ROOT/target/gpu/telemetry" ${TELEMETRY_ARGS:-configs/gpu.toml} 2>&1 |
         tee "$OUT/telemetry.txt"
       echo "${PIPESTATUS[0]}" > "$OUT/telemetry.rc"
