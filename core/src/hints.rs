@@ -156,8 +156,9 @@ impl HintEngine {
     pub fn observe(&mut self, msg: &Telemetry) -> Vec<Hint> {
         match msg {
             Telemetry::RunStarted(info) => {
-                // `headroom train`'s model: fp32 master weights and gradients, AdamW's
-                // two fp32 moments per parameter. Other producers count their own parts.
+                // Every producer sends its `memory_parts` after its first step; until then
+                // (and in logs of `headroom train` from before it did) the built-in's
+                // shape: fp32 master weights and gradients, AdamW's two fp32 moments.
                 if info.config.is_some() && self.parts.is_none() {
                     let p = info.parameters * 4;
                     self.parts = Some(MemoryParts {

@@ -23,11 +23,11 @@ use headroom_core::policy::{
 };
 use headroom_core::units::fmt_bytes;
 use headroom_core::{
-    Bus, Command, EvalMetrics, Level, MemorySummary, Notice, PlanCheck, PlanSplit, RunConfig,
-    RunInfo, RunStatus, RunSummary, StepMemory, StepMetrics, Telemetry,
+    Bus, Command, EvalMetrics, Level, MemoryParts, MemorySummary, Notice, PlanCheck, PlanSplit,
+    RunConfig, RunInfo, RunStatus, RunSummary, StepMemory, StepMetrics, Telemetry,
 };
 use headroom_host::procmem;
-use tch::{Device, TchError};
+use tch::{Device, TchError, Tensor};
 
 use crate::checkpoint::{self, CheckpointError, CheckpointState, CorpusRecord};
 use crate::data::{DataError, Dataset};
@@ -644,6 +644,9 @@ struct Trainer {
     /// prediction is logged beside every step's peak, and it names the lever that would
     /// fit when even the smallest micro-batch does not.
     plan: Option<Plan>,
+    /// Whether this process said what its fixed memory is made of (once, after its first
+    /// completed step, when gradients and moments exist).
+    parts_said: bool,
 }
 
 impl Trainer {
@@ -840,6 +843,7 @@ impl Trainer {
             last_measured: None,
             switch: None,
             plan: None,
+            parts_said: false,
         })
     }
 
@@ -1228,7 +1232,23 @@ impl Trainer {
             seq_len: seq,
             tokens_seen: self.tokens_seen,
         }));
+        if !self.parts_said {
+            self.parts_said = true;
+            bus.send(Telemetry::MemoryParts(self.memory_parts()));
+        }
         Ok(true)
+    }
+
+    /// What the step's fixed memory is made of, counted from the tensors as they are (the
+    /// record a Python run sends too; the optimizer-state hint reads it): parameters,
+    /// their gradients and AdamW's moments, bytes.
+    fn memory_parts(&self) -> MemoryParts {
+        let bytes = |t: &Tensor| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64;
+        MemoryParts {
+            parameters: self.model.named_parameters().iter().map(|(_, t)| bytes(t)).sum(),
+            gradients: self.opt.grads().iter().map(bytes).sum(),
+            optimizer: self.opt.state_bytes(),
+        }
     }
 
     /// On the CPU, glibc keeps the heap a bigger step grew: the resident set, and so the

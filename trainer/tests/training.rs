@@ -600,3 +600,29 @@ fn a_fresh_runs_checkpoint_size_estimate_is_its_real_size_within_ten_percent() {
         assert!((1.0..1.10).contains(&ratio), "{layers}×{width}: {ratio:.3}");
     }
 }
+
+/// The built-in run says what its fixed memory is made of, as a Python run does (one
+/// `memory_parts` record, counted from the tensors after the first step): fp32 weights,
+/// gradients of the same size, AdamW's two moments.
+#[test]
+fn a_run_says_its_fixed_memory_parts_once_after_its_first_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = common::tiny();
+    cfg.run.steps = 3;
+    let run = common::run(common::opts(cfg.clone(), dir.path(), None));
+    run.result.as_ref().unwrap();
+    let parts: Vec<_> = run
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            headroom_core::Telemetry::MemoryParts(p) => Some(*p),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(parts.len(), 1, "{parts:?}");
+    let (model, _) = common::fresh(&cfg);
+    let weights = 4 * model.num_parameters();
+    assert_eq!(parts[0].parameters, weights);
+    assert_eq!(parts[0].gradients, weights);
+    assert_eq!(parts[0].optimizer, 2 * weights);
+}
