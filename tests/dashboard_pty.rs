@@ -6,7 +6,8 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::pty::tail;
+use common::pty::{tail, Pty};
+use common::screen::Screen;
 use common::{long_tiny_run, of_kind};
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use headroom_core::policy::Thresholds;
@@ -91,7 +92,10 @@ fn keys_change_a_threshold_and_pause_resume_and_the_log_shows_exactly_that() {
     const WAIT: Duration = Duration::from_secs(60);
     let dir = tempfile::tempdir().unwrap();
     let log_path = dir.path().join("run.jsonl");
-    let mut pty = long_tiny_run(dir.path());
+    // One thread: the trainer's pool does not take the cores the dashboard redraws on.
+    let mut cmd = common::long_tiny_command(dir.path());
+    cmd.args(["--threads", "1"]);
+    let mut pty = Pty::spawn(cmd, COLS, ROWS);
     assert!(
         pty.wait_for("\x1b[?1049h", WAIT),
         "no alternate screen; output: {}",
@@ -144,6 +148,7 @@ fn keys_change_a_threshold_and_pause_resume_and_the_log_shows_exactly_that() {
     want.validate().expect("the edit is a valid set");
 
     pty.send(b"t");
+    wait_screen(&pty, WAIT, |s| s.contains(EDITOR_TITLE));
     for (bytes, _) in &edit_keys {
         pty.send(bytes);
     }
@@ -174,7 +179,11 @@ fn keys_change_a_threshold_and_pause_resume_and_the_log_shows_exactly_that() {
     assert_eq!(sent, want, "the editor sent the edited values");
     let text = set[0]["applied"].as_str().unwrap();
     assert!(!text.starts_with("refused"), "{text}");
-    ui_catches_up();
+    // `p` is inert in the editor and pauses or resumes by the status the trainer
+    // confirmed: it is pressed once the screen shows the editor closed and the run running.
+    wait_screen(&pty, WAIT, |s| {
+        !s.contains(EDITOR_TITLE) && s.contains("● running")
+    });
 
     // Pause: confirmed in the log, and no step while paused.
     pty.send(b"p");
@@ -192,7 +201,8 @@ fn keys_change_a_threshold_and_pause_resume_and_the_log_shows_exactly_that() {
     );
     assert_eq!(statuses(&log).last().map(String::as_str), Some("paused"));
 
-    // Resume: confirmed, and training goes on.
+    // Resume: confirmed, and training goes on (pressed once the screen shows the pause).
+    wait_screen(&pty, WAIT, |s| s.contains("● paused"));
     pty.send(b"p");
     wait_log(&log_path, WAIT, |log| {
         statuses(log).iter().filter(|s| *s == "running").count() >= 2
@@ -285,13 +295,28 @@ fn keys_change_a_threshold_and_pause_resume_and_the_log_shows_exactly_that() {
     assert_eq!(state["step"].as_u64(), Some(last), "state.json: {state}");
 }
 
-/// The dashboard hears the trainer on a channel of its own, beside the log writer's, and
-/// shows nothing a test can poll for closing the editor or taking a new status; this gives
-/// it time to catch up with what the log already shows, so that the next key is read in
-/// the state the trainer confirmed (`p` is inert in the editor, and pauses or resumes by
-/// the confirmed status).
-fn ui_catches_up() {
-    std::thread::sleep(Duration::from_millis(500));
+const COLS: u16 = 100;
+const ROWS: u16 = 30;
+/// The threshold editor's title, on screen while it is open.
+const EDITOR_TITLE: &str = "memory thresholds (fractions of the limit)";
+
+/// The dashboard hears the trainer on a channel of its own, beside the log writer's: this
+/// waits until the screen a user sees (the pty's output through a VT emulator) shows what
+/// the log already does, so that the next key is read in the state the trainer confirmed.
+fn wait_screen(pty: &Pty, timeout: Duration, shows: impl Fn(&Screen) -> bool) {
+    let start = Instant::now();
+    loop {
+        let screen = Screen::of(&pty.output(), COLS as usize, ROWS as usize);
+        if shows(&screen) {
+            return;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "the screen never caught up:\n{}",
+            screen.text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// The log's complete lines so far (the writer may be mid-line).

@@ -69,17 +69,22 @@ const DROPPED: &str = "dropped samples ";
 /// bytes a step crosses it in a soak of five minutes (about 900 steps a second), and a
 /// leak of about 1 KiB a step in the short run.
 const RSS_GROWTH_BOUND: u64 = 16 << 20;
-/// A flood, not a trickle: the micro model steps hundreds of times a second on one core.
-const MIN_STEPS_PER_S: f64 = 50.0;
-/// The screen answers a key within this, at worst.
-const MAX_KEY_LATENCY: Duration = Duration::from_secs(1);
+/// A flood, not a trickle: the dashboard and its telemetry may cost the trainer at most
+/// this share of the pace it keeps headless on this machine (measured first, in the test:
+/// the micro model steps hundreds of times a second on one core of a fast machine, tens on
+/// a loaded one).
+const MIN_SHARE_OF_HEADLESS: f64 = 0.25;
+/// The screen answers a key within this, typically (the median of the presses)...
+const MEDIAN_KEY_LATENCY: Duration = Duration::from_millis(250);
+/// ...and within this at worst (a press may meet the machine busy elsewhere).
+const MAX_KEY_LATENCY: Duration = Duration::from_secs(3);
 /// How long a key waits for the screen before it counts as unanswered.
 const KEY_TIMEOUT: Duration = Duration::from_secs(10);
 /// The log gains a step at least this often while flooding (trainer and writer alive).
 const MAX_STALL: Duration = Duration::from_secs(5);
 /// How long the terminal stops taking output halfway through: long enough that the
 /// high-rate messages sent meanwhile (two per step, plus 100 samples a second) overflow
-/// the dashboard's 512-message channel even at the slowest step rate allowed.
+/// the dashboard's 512-message channel (the samples alone nearly fill it).
 const STALL: Duration = Duration::from_secs(5);
 /// After the terminal resumes, the screen shows the drop count within this.
 const DROPS_SHOWN: Duration = Duration::from_secs(5);
@@ -119,6 +124,8 @@ fn flood(duration: Duration) {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("flood.toml");
     std::fs::write(&config, MICRO_CONFIG).unwrap();
+    let headless = headless_steps_per_s(dir.path(), &config);
+    let min_steps_per_s = MIN_SHARE_OF_HEADLESS * headless;
     let log_path = dir.path().join("run.jsonl");
     let mut cmd = bin();
     // One intra-op thread: libtorch's pool spins on a busy machine (a micro model then
@@ -315,7 +322,7 @@ fn flood(duration: Duration) {
          {} MiB, growth {:+.2} MiB ({:.1} B/step), threads {} -> {}; log {:.1} MiB \
          ({:.0} B/step), longest gap between logged steps {longest_stall:.1}s; samples logged {} of {:.0} at \
          {SAMPLE_HZ} Hz ({:.1}%); help key->screen open p50 {} / max {} ms, close p50 {} / max \
-         {} ms over {} presses; terminal stopped {STALL:?} at {:.0}s: {} steps logged \
+         {} ms over {} presses; headless {headless:.0} steps/s; terminal stopped {STALL:?} at {:.0}s: {} steps logged \
          meanwhile, drops shown {} after {} ms; dropped before the stop: {}, on screen \
          at the end: {}, at exit: {}; stop took {stop_s:.1}s; records {:?}",
         log.last_step,
@@ -369,14 +376,20 @@ fn flood(duration: Duration) {
         open_latency.len()
     );
     assert!(
+        open_p50 < MEDIAN_KEY_LATENCY && close_p50 < MEDIAN_KEY_LATENCY,
+        "key to screen: open median {open_p50:?}, close median {close_p50:?} \
+         (bound {MEDIAN_KEY_LATENCY:?})"
+    );
+    assert!(
         open_max < MAX_KEY_LATENCY && close_max < MAX_KEY_LATENCY,
         "key to screen: open max {open_max:?}, close max {close_max:?} (bound {MAX_KEY_LATENCY:?})"
     );
 
     // A flood, that never stalled.
     assert!(
-        steps_per_s >= MIN_STEPS_PER_S,
-        "{steps_per_s:.1} steps/s is no flood (at least {MIN_STEPS_PER_S})"
+        steps_per_s >= min_steps_per_s,
+        "{steps_per_s:.1} steps/s is no flood (at least {min_steps_per_s:.1}: \
+         {MIN_SHARE_OF_HEADLESS} of the {headless:.1} headless)"
     );
     assert!(
         longest_stall < MAX_STALL.as_secs_f64(),
@@ -387,7 +400,7 @@ fn flood(duration: Duration) {
     // counts the high-rate messages it lost meanwhile and shows the count once it can.
     let stall_steps = stall_steps.expect("the terminal was stopped halfway");
     assert!(
-        stall_steps as f64 >= MIN_STEPS_PER_S * STALL.as_secs_f64(),
+        stall_steps as f64 >= min_steps_per_s * STALL.as_secs_f64(),
         "{stall_steps} steps logged while the terminal was stopped for {STALL:?}"
     );
     let (shown, shown_after) = drops_shown.unwrap_or_else(|| {
@@ -408,7 +421,7 @@ fn flood(duration: Duration) {
 
     // Memory levels off while the step count keeps growing.
     assert!(
-        steps_after_third as f64 >= MIN_STEPS_PER_S * flood_s / 3.0,
+        steps_after_third as f64 >= min_steps_per_s * flood_s / 3.0,
         "only {steps_after_third} steps after the first third"
     );
     assert!(
@@ -500,6 +513,25 @@ impl Drop for KillOnDrop {
 
 fn mib(bytes: u64) -> String {
     format!("{:.2}", bytes as f64 / (1 << 20) as f64)
+}
+
+/// The micro model's steps per second headless (no dashboard) on this machine, the same
+/// config, log and sampler, one thread: past its first tenth, from the step records' clock.
+fn headless_steps_per_s(dir: &Path, config: &Path) -> f64 {
+    let out = bin()
+        .env("OMP_NUM_THREADS", "1")
+        .current_dir(dir)
+        .args(["train", "--headless", "--config"])
+        .arg(config)
+        .args(["--steps", "1000", "--log", "headless.jsonl"])
+        .output()
+        .expect("running headroom");
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let log = common::read_log(&dir.join("headless.jsonl"));
+    let steps = common::of_kind(&log, "step");
+    let (a, b) = (steps[steps.len() / 10], steps[steps.len() - 1]);
+    let n = b["step"].as_u64().unwrap() - a["step"].as_u64().unwrap();
+    n as f64 / (b["t"].as_f64().unwrap() - a["t"].as_f64().unwrap())
 }
 
 /// (median, max); zero when empty.

@@ -90,8 +90,14 @@ fn a_and_m_switch_the_levers_and_the_trainer_confirms_each() {
     // the step before it, so what it freed is a direct difference.
     let cfg = dir.path().join("tiny.toml");
     let base = std::fs::read_to_string(fixture("tiny.toml")).unwrap();
+    // The start's probe (micro-batches 4 and 8) must see its two peaks apart: at 128
+    // tokens a sequence they differ by megabytes, and on one thread no pool's scratch of
+    // another size hides that (the panel's first split is that probe's).
+    let base = base.replace("seq_len = 32", "seq_len = 128");
     std::fs::write(&cfg, base.replace("[memory]", "[memory]\nadaptive = false")).unwrap();
-    let mut pty = Pty::spawn(common::long_command(dir.path(), &cfg), COLS, ROWS);
+    let mut cmd = common::long_command(dir.path(), &cfg);
+    cmd.args(["--threads", "1"]);
+    let mut pty = Pty::spawn(cmd, COLS, ROWS);
     let log_path = dir.path().join("run.jsonl");
     wait_log(&log_path, &pty, |log| common::logged_steps(log).len() >= 2);
 

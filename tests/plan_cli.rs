@@ -66,6 +66,10 @@ fn a_run_logs_the_plans_prediction_beside_each_peak() {
             "4",
             "--batch-size",
             "16",
+            // One thread: the pool's scratch per thread is noise in peaks held to 10%,
+            // and how much of it a step touches depends on the machine's cores.
+            "--threads",
+            "1",
             "--log",
             "run.jsonl",
             "--checkpoint-dir",

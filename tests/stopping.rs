@@ -252,7 +252,7 @@ fn a_stop_in_a_long_step_gives_it_up_at_the_next_micro_batch_and_the_resume_matc
     std::thread::sleep(Duration::from_secs(2));
     signal(&run.0, libc::SIGTERM);
     let asked = Instant::now();
-    wait_for("the acknowledgement", Duration::from_secs(2), || {
+    wait_for("the acknowledgement", Duration::from_secs(10), || {
         text_of(&err_path).contains("SIGTERM: stopping")
     });
     let said_in = asked.elapsed();
@@ -390,11 +390,62 @@ fn parse_abandon(text: &str) -> (u64, f64) {
 
 /// A `--log` FIFO whose reader stopped reading held the exit 5-10 s after the checkpoint
 /// was written, and no summary reached stdout. Now the summary comes first and a stuck
-/// log is given up after a quarter of a second without progress.
+/// log is given up after a quarter of a second without progress: the exit comes at most
+/// a second later than the same run's with a log file, measured here on this machine.
 #[test]
 fn a_stuck_log_reader_delays_the_exit_by_a_fraction_of_a_second() {
     use std::os::unix::fs::OpenOptionsExt;
     let dir = tempfile::tempdir().unwrap();
+    // The run, stopped by SIGTERM once `ready` holds; returns the time from the
+    // checkpoint's line to the exit, the summary (stdout) and stderr.
+    let stop_and_time = |log: &str, ready: &dyn Fn() -> bool| {
+        let err = dir.path().join(format!("{log}.stderr.txt"));
+        let mut child = Run(bin()
+            .current_dir(dir.path())
+            .args(["train", "--headless", "--threads", "1", "--config"])
+            .arg(fixture("tiny.toml"))
+            .args([
+                "--steps",
+                "100000",
+                "--checkpoint-dir",
+                &format!("{log}.ck"),
+            ])
+            .args(["--log", log])
+            .env("HEADROOM_LOG_QUEUE", "256")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&err).unwrap())
+            .spawn()
+            .unwrap());
+        wait_for("the run to be ready", Duration::from_secs(120), || {
+            ready() || text_of(&err).contains("stopped reading")
+        });
+        signal(&child.0, libc::SIGTERM);
+        wait_for("the checkpoint", Duration::from_secs(30), || {
+            text_of(&err).contains("checkpoint at step")
+        });
+        let saved = Instant::now();
+        let status = wait_exit(&mut child.0, Duration::from_secs(30));
+        let after_save = saved.elapsed();
+        let mut out = String::new();
+        use std::io::Read;
+        child
+            .0
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        let text = text_of(&err);
+        assert!(status.success(), "{status:?}\n{text}");
+        (after_save, out, text)
+    };
+    // The baseline: the same run with a log file, stopped after a few steps.
+    let file = dir.path().join("run.jsonl");
+    let (baseline, out, _) = stop_and_time("run.jsonl", &|| {
+        text_of(&file).matches("\"kind\":\"step\"").count() >= 3
+    });
+    assert!(out.contains("run stopped at step"), "the summary: {out}");
+
     let fifo = dir.path().join("log.fifo");
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: a valid NUL-terminated path.
@@ -404,54 +455,14 @@ fn a_stuck_log_reader_delays_the_exit_by_a_fraction_of_a_second() {
         .custom_flags(libc::O_NONBLOCK)
         .open(&fifo)
         .unwrap();
-    let mut child = Run(bin()
-        .current_dir(dir.path())
-        .args(["train", "--headless", "--threads", "1", "--config"])
-        .arg(fixture("tiny.toml"))
-        .args([
-            "--steps",
-            "100000",
-            "--checkpoint-dir",
-            "ck",
-            "--log",
-            "log.fifo",
-        ])
-        .env("HEADROOM_LOG_QUEUE", "256")
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(dir.path().join("stderr.txt")).unwrap())
-        .spawn()
-        .unwrap());
-    let err = dir.path().join("stderr.txt");
-    wait_for("the log to stall", Duration::from_secs(120), || {
-        text_of(&err).contains("stopped reading")
-    });
-    signal(&child.0, libc::SIGTERM);
-    let asked = Instant::now();
-    wait_for("the checkpoint", Duration::from_secs(30), || {
-        text_of(&err).contains("checkpoint at step")
-    });
-    let saved = Instant::now();
-    let status = wait_exit(&mut child.0, Duration::from_secs(30));
-    let after_save = saved.elapsed();
-    let mut out = String::new();
-    use std::io::Read;
-    child
-        .0
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    let text = text_of(&err);
-    eprintln!(
-        "exit {:?} after SIGTERM, {after_save:?} after the checkpoint was said",
-        asked.elapsed()
-    );
-    assert!(status.success(), "{status:?}\n{text}");
+    // Stopped once it said the log stalled.
+    let (after_save, out, text) = stop_and_time("log.fifo", &|| false);
+    eprintln!("exit {after_save:?} after the checkpoint was said ({baseline:?} with a log file)");
+    assert!(text.contains("stopped reading"), "{text}");
     assert!(out.contains("run stopped at step"), "the summary: {out}");
     assert!(
-        after_save < Duration::from_millis(1500),
-        "{after_save:?}: {text}"
+        after_save < baseline + Duration::from_secs(1),
+        "{after_save:?}, {baseline:?} with a log file: {text}"
     );
 }
 

@@ -95,10 +95,23 @@ fn viewers_get_a_full_catch_up_and_a_command_is_answered_to_both() {
     let steps = k.iter().filter(|k| **k == "step").count();
     assert!(steps >= 30, "{steps} steps in the catch-up");
     // The catch-up keeps the order records were sent in. The trainer and the sampler
-    // stamp and queue on their own threads, so one may be preempted between the two: the
-    // clock may step back, but only by a moment, never by a reordering of history.
-    let ts: Vec<f64> = catch_up.iter().map(|v| v["t"].as_f64().unwrap()).collect();
-    assert!(ts.windows(2).all(|w| w[0] <= w[1] + 0.1), "{ts:?}");
+    // stamp and queue on their own threads, and one may be preempted between the two for
+    // as long as the machine's scheduler likes: across threads the clock may step back.
+    // What holds whatever the machine: each thread's records keep their order (the
+    // trainer's steps and their memory, the sampler's samples), and the steps their numbers.
+    for kinds in [&["step", "step_memory"][..], &["sample"]] {
+        let ts: Vec<f64> = catch_up
+            .iter()
+            .filter(|v| kinds.contains(&v["kind"].as_str().unwrap_or("")))
+            .map(|v| v["t"].as_f64().unwrap())
+            .collect();
+        assert!(ts.windows(2).all(|w| w[0] <= w[1]), "{kinds:?}: {ts:?}");
+    }
+    let numbers: Vec<u64> = common::of_kind(&catch_up, "step")
+        .iter()
+        .map(|v| v["step"].as_u64().unwrap())
+        .collect();
+    assert!(numbers.windows(2).all(|w| w[0] < w[1]), "{numbers:?}");
 
     let mut b = Viewer::attach(&sock);
     b.catch_up();
@@ -154,6 +167,7 @@ fn bad_clients_get_one_clear_error_each_and_the_run_goes_on() {
     v.send(&json!({"kind": "command", "command": "pin_micro_batch", "micro_batch": 0}).to_string());
     v.until("a refused pin", |l| is_error(l, "command_refused"));
     // A flood: more than the rate allows is refused, never queued to the trainer.
+    let flood = Instant::now();
     for _ in 0..60 {
         v.send(&json!({"kind": "command", "command": "free_cache"}).to_string());
     }
@@ -247,16 +261,20 @@ fn bad_clients_get_one_clear_error_each_and_the_run_goes_on() {
         "refused TCP viewers are logged: {refusals:?}"
     );
     // Only what was left of the burst (the two refused commands spent two) and what the
-    // rate refilled reached the trainer; no refused command did.
+    // rate refilled reached the trainer; no refused command did. How much refilled
+    // depends on how fast the server read the flood, which is the machine's: the bucket
+    // guarantees at least the burst's 18 left, at most its 20 and 10 a second over the
+    // time the server can have spent reading (bounded by now), and not all 60.
+    let read_s = flood.elapsed().as_secs_f64();
     let applied: Vec<&str> = common::of_kind(&log, "command_applied")
         .iter()
         .map(|r| r["command"]["command"].as_str().unwrap())
         .collect();
     assert!(applied.iter().all(|c| *c == "free_cache"), "{applied:?}");
+    let n = applied.len();
     assert!(
-        (15..40).contains(&applied.len()),
-        "{} of 60 flooded commands applied",
-        applied.len()
+        (18..60).contains(&n) && n as f64 <= 20.0 + 10.0 * read_s,
+        "{n} of 60 flooded commands applied ({read_s:.1} s since the flood)"
     );
 }
 
@@ -318,7 +336,9 @@ fn a_viewer_that_never_reads_neither_slows_nor_grows_the_run() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
-    let run = Served::start(&[]);
+    // One thread: the pace compared below is the run's, not how the machine's cores are
+    // shared with the server's threads and with other tests.
+    let run = Served::start(&["--threads", "1"]);
     let sock = run.socket();
     run.wait_steps(5, Duration::from_secs(60));
     // The pace without the viewer, over the same span as with it would be too slow a test:
@@ -332,6 +352,7 @@ fn a_viewer_that_never_reads_neither_slows_nor_grows_the_run() {
     let (_, rss0) = run.fds_and_rss();
     let mut stuck = Viewer::connect(&sock);
     stuck.send(&hello_line("1.0"));
+    let connected = Instant::now();
     // Never reads from here on.
     let with = rate(stall_s);
     let (_, rss1) = run.fds_and_rss();
@@ -345,16 +366,28 @@ fn a_viewer_that_never_reads_neither_slows_nor_grows_the_run() {
         "the run slowed: {alone:.2} -> {with:.2} steps/s"
     );
     assert!(rss1 < rss0 + 64 * 1024, "memory grew: {rss0} -> {rss1} KiB");
-    let log = common::read_log(&run.log());
-    let evicted = common::of_kind(&log, "notice").iter().any(|n| {
-        n["text"]
-            .as_str()
-            .unwrap_or("")
-            .contains("could not keep up")
-    });
+    // The viewer's queue fills at the pace the run makes events, which is the machine's:
+    // the notice is waited for (3 minutes from the connection at most), not expected
+    // within the stall's fixed span.
+    let evicted = || {
+        common::of_kind(&common::read_log(&run.log()), "notice")
+            .iter()
+            .any(|n| {
+                n["text"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("could not keep up")
+            })
+    };
+    let deadline = connected + Duration::from_secs(stall_s.max(180));
+    while !evicted() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+    }
     assert!(
-        evicted,
-        "the stuck viewer was not disconnected within {stall_s} s"
+        evicted(),
+        "the stuck viewer was not disconnected within {} s ({:.1} steps/s)",
+        stall_s.max(180),
+        with
     );
     // What it gets when it reads at last: the records that fitted, then the reason, then
     // the end of the stream.

@@ -51,7 +51,6 @@ def assert_params_equal(got: dict, want: dict, rel: float = 1e-5) -> None:
 def test_ooms_on_one_rank_at_every_point_are_recovered_by_the_job(tmp_path, world, rank):
     steps, per_rank = 5, 12
     inject = f"{rank}:optimizer-state@1,forward-middle@2,backward-first@3,backward-last@4"
-    t0 = time.monotonic()
     job = torchrun(
         world,
         "ddp_adaptive.py",
@@ -66,8 +65,9 @@ def test_ooms_on_one_rank_at_every_point_are_recovered_by_the_job(tmp_path, worl
         "--out",
         str(tmp_path),
     )
+    # The job ends: finish() calls it hung at 240 s, the only bound on its wall time (how
+    # long torchrun and gloo take to start is the machine's).
     finish(job)
-    wall = time.monotonic() - t0
     for r in range(world):
         done = json.loads((tmp_path / f"done-rank{r}.json").read_text())
         assert done["steps"] == steps, (r, done)
@@ -87,8 +87,12 @@ def test_ooms_on_one_rank_at_every_point_are_recovered_by_the_job(tmp_path, worl
     assert len(rows) == steps, rows
     assert all(len(r["ranks"]) == world for r in rows)
     assert rows[-1]["ranks"][rank]["ooms"] == 3
-    assert max(r["agree_us"] for r in rows) < 5e6, [r["agree_us"] for r in rows]
-    assert wall < 200
+    # Rank 0 waits at the agreement for the slowest rank to end its step (a retry after an
+    # OOM makes it longer), never longer than that rank's step and a second. Step 1's is
+    # left out: the ranks start it when each is up, the first collective sets gloo up.
+    for r in rows[1:]:
+        slowest = max(k["step_time_s"] for k in r["ranks"])
+        assert r["agree_us"] / 1e6 < slowest + 1.0, (r["step"], r["agree_us"], r["ranks"])
     got = torch.load(tmp_path / "params.pt")
     assert_params_equal(got, reference(steps, per_rank * world))
 
@@ -397,13 +401,35 @@ def test_sigterm_in_a_long_step_gives_it_up_on_every_rank_and_saves_the_last_com
     """Steps of many seconds (micro-batches of 1): SIGTERM to torchrun mid-step; each rank
     leaves its micro-batches at the next boundary, the job gives the step up at one
     agreement, every rank checkpoints the last completed step and exits, within seconds."""
+    # Steps of about 30 s on this machine: micro-batches a second measured first, on a
+    # job of the same shape (its second step, past the first's warm-up).
+    calibration = tmp_path / "calibration"
+    calibration.mkdir()
+    finish(
+        torchrun(
+            2,
+            "ddp_adaptive.py",
+            "--steps",
+            "2",
+            "--per-rank",
+            "200",
+            "--micro",
+            "1",
+            "--fixed",
+            "--out",
+            str(calibration),
+        )
+    )
+    rate = 200 / kinds(calibration / "rank0.jsonl", "step")[1]["step_time_s"]
+    per_rank = max(200, round(rate * 30))
+    print(f"{rate:.0f} micro-batches/s: {per_rank} per rank a step")
     job = torchrun(
         2,
         "ddp_adaptive.py",
         "--steps",
         "100000",
         "--per-rank",
-        "3000",
+        str(per_rank),
         "--micro",
         "1",
         "--fixed",
@@ -434,5 +460,6 @@ def test_sigterm_in_a_long_step_gives_it_up_on_every_rank_and_saves_the_last_com
         texts = [n["text"] for n in kinds(log, "notice")]
         assert any("step 2 given up by every rank of the job" in t for t in texts), texts
         assert kinds(log, "finished")[0]["stopped_by_user"]
-    # A step took step_s; giving it up takes one micro-batch, the save and the exits.
-    assert took < max(8.0, step_s / 2), f"{took:.1f} s to stop (a step takes {step_s:.1f} s)"
+    # A step took step_s; giving it up takes one micro-batch, the save and the exits: well
+    # under the rest of the step, which finishing it would have taken.
+    assert took < step_s / 2, f"{took:.1f} s to stop (a step takes {step_s:.1f} s)"

@@ -127,8 +127,17 @@ mod tests {
         let before = meter.current_limit();
         assert!(before <= meter.limit());
         let hog = 3u64 << 30;
-        if procmem::host_available_bytes().unwrap() < 2 * hog {
-            eprintln!("SKIPPED: not enough free memory to hold 3 GiB in another process");
+        // What another process can really take: MemAvailable is the host's, and in a
+        // container its cgroup's limit may be far less.
+        let host = procmem::host_available_bytes().unwrap();
+        let cgroup = cgroup_room();
+        if host.min(cgroup.unwrap_or(u64::MAX)) < 2 * hog {
+            eprintln!(
+                "SKIPPED: not enough free memory to hold 3 GiB in another process \
+                 (MemAvailable {} MiB, cgroup room {:?} MiB)",
+                host >> 20,
+                cgroup.map(|b| b >> 20)
+            );
             return;
         }
         // Touched pages (a fill, not calloc), held until told to go.
@@ -157,5 +166,43 @@ mod tests {
             during + (3 << 29) <= before,
             "limit {before} before, {during} while another process held 3 GiB"
         );
+    }
+
+    /// What this process's memory cgroups still let it and its children take: the least
+    /// of limit - usage over the cgroup and its ancestors (v2 `memory.max`, or v1
+    /// `memory.limit_in_bytes`), or `None` when none sets a limit.
+    fn cgroup_room() -> Option<u64> {
+        let read = |p: &std::path::Path| std::fs::read_to_string(p).ok();
+        let mut rooms = Vec::new();
+        for line in read("/proc/self/cgroup".as_ref())?.lines() {
+            let mut parts = line.splitn(3, ':');
+            let (id, controllers, rel) = (parts.next()?, parts.next()?, parts.next()?);
+            let (base, files) = if id == "0" && controllers.is_empty() {
+                ("/sys/fs/cgroup", ["memory.max", "memory.current"])
+            } else if controllers.split(',').any(|c| c == "memory") {
+                (
+                    "/sys/fs/cgroup/memory",
+                    ["memory.limit_in_bytes", "memory.usage_in_bytes"],
+                )
+            } else {
+                continue;
+            };
+            let base = std::path::Path::new(base);
+            let mut dir = base.join(rel.trim_start_matches('/'));
+            loop {
+                let limit = read(&dir.join(files[0])).and_then(|t| t.trim().parse::<u64>().ok());
+                let usage = read(&dir.join(files[1])).and_then(|t| t.trim().parse::<u64>().ok());
+                // "max" (v2) does not parse; v1 says "no limit" with a number near 2^63.
+                if let (Some(limit), Some(usage)) = (limit, usage) {
+                    if limit < 1 << 60 {
+                        rooms.push(limit.saturating_sub(usage));
+                    }
+                }
+                if dir == base || !dir.pop() {
+                    break;
+                }
+            }
+        }
+        rooms.into_iter().min()
     }
 }

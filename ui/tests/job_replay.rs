@@ -4,7 +4,7 @@
 use std::fs;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use headroom_core::{
@@ -107,14 +107,29 @@ fn said(t: f64, text: &str) -> Record {
 
 /// What reached the screen, as short words (`started:NAME`, `step:MB`, `rows:N`, a
 /// notice's text): the lifecycle queue's and the metrics queue's, each in its order (the
-/// two queues have no order between them), until nothing more comes.
-fn drain(feed: &Feed) -> (Vec<String>, Vec<String>) {
+/// two queues have no order between them). It waits (up to WAIT) until `want` events and
+/// metrics came, however slow the machine is to send them, then a short while for any
+/// more than that, which the caller's comparison then shows.
+fn drain(feed: &Feed, want: (usize, usize)) -> (Vec<String>, Vec<String>) {
+    const EXTRAS: Duration = Duration::from_millis(300);
     let (mut events, mut metrics) = (Vec::new(), Vec::new());
+    let start = Instant::now();
+    let mut complete: Option<Instant> = None;
     loop {
+        if complete.is_none() && events.len() >= want.0 && metrics.len() >= want.1 {
+            complete = Some(Instant::now());
+        }
+        let deadline = match complete {
+            Some(at) => at + EXTRAS,
+            None => start + WAIT,
+        };
+        let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+            return (events, metrics);
+        };
         let (r, high) = crossbeam_channel::select! {
             recv(feed.events) -> r => (r, false),
             recv(feed.metrics) -> r => (r, true),
-            default(Duration::from_millis(400)) => return (events, metrics),
+            default(left) => return (events, metrics),
         };
         let Ok(r) = r else {
             return (events, metrics);
@@ -174,7 +189,7 @@ fn a_jobs_logs_show_rank_0s_rows_and_the_selected_ranks_panels() {
         },
     )
     .unwrap();
-    let (events, metrics) = drain(&feed);
+    let (events, metrics) = drain(&feed, (3, 4));
     assert_eq!(
         events,
         [
@@ -195,7 +210,7 @@ fn a_jobs_logs_show_rank_0s_rows_and_the_selected_ranks_panels() {
         Link::Connected { run_id } => assert!(run_id.contains("rank 1's log"), "{run_id}"),
         other => panic!("{other:?}"),
     }
-    let (events, metrics) = drain(&feed);
+    let (events, metrics) = drain(&feed, (2, 2));
     assert_eq!(events, ["started:ddp.j1.rank1", "rank 1 done"]);
     assert_eq!(
         metrics,
@@ -205,7 +220,7 @@ fn a_jobs_logs_show_rank_0s_rows_and_the_selected_ranks_panels() {
 
     select.send(0).unwrap();
     assert!(matches!(link(&feed.link), Link::Connected { .. }));
-    let (events, metrics) = drain(&feed);
+    let (events, metrics) = drain(&feed, (2, 2));
     assert_eq!(events, ["started:ddp.j1.rank0", "rank 0 done"]);
     assert_eq!(
         metrics,
@@ -247,12 +262,12 @@ fn a_switch_mid_replay_catches_up_to_where_the_replay_stands() {
     );
     let feed = replay_job_feed(&[rank0, rank1], ReplayOptions::default()).unwrap();
     // Played at the run's pace: the late records are 2 s (a shortened gap) away.
-    let (events, metrics) = drain(&feed);
+    let (events, metrics) = drain(&feed, (2, 1));
     assert_eq!(events, ["started:ddp.j1.rank0", "rank 0 early"]);
     assert_eq!(metrics, ["step:8"]);
     feed.select_rank.as_ref().unwrap().send(1).unwrap();
     assert!(matches!(link(&feed.link), Link::Connected { .. }));
-    let (events, metrics) = drain(&feed);
+    let (events, metrics) = drain(&feed, (2, 1));
     assert_eq!(
         events,
         ["started:ddp.j1.rank1", "rank 1 early"],
