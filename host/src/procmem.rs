@@ -168,6 +168,13 @@ pub fn set_hard_limit(budget: u64) -> Result<u64, String> {
     if unsafe { libc::getrlimit(libc::RLIMIT_DATA, &mut lim) } != 0 {
         lim.rlim_max = libc::RLIM_INFINITY;
     }
+    BEFORE_CAP.store(
+        match lim.rlim_cur {
+            libc::RLIM_INFINITY => u64::MAX,
+            c => c,
+        },
+        Ordering::SeqCst,
+    );
     lim.rlim_cur = cap.min(lim.rlim_max);
     // SAFETY: a plain syscall on a fully initialised struct.
     if unsafe { libc::setrlimit(libc::RLIMIT_DATA, &lim) } != 0 {
@@ -179,7 +186,57 @@ pub fn set_hard_limit(budget: u64) -> Result<u64, String> {
     Ok(lim.rlim_cur)
 }
 
-/// The environment variable that fills the cap at a run's give-up ([`fill_cap_now`]).
+/// RLIMIT_DATA's soft limit before [`set_hard_limit`] (`u64::MAX`: unlimited), or 0 when
+/// no cap was set.
+static BEFORE_CAP: AtomicU64 = AtomicU64::new(0);
+
+/// The hard cap lifted for as long as this lives, then put back as it was: for the
+/// give-up's checkpoint. The cap exists to make training's allocations fail where the
+/// controller can recover; once a run gives up, saving its last completed step is all
+/// that is left, and it may need what the cap holds back (a Python `on_checkpoint`'s
+/// own objects, libtorch's copies).
+pub struct CapLifted {
+    cap: libc::rlimit,
+}
+
+/// Lifts the cap [`set_hard_limit`] set, if any (None: there is no cap to lift).
+pub fn lift_cap() -> Option<CapLifted> {
+    let before = BEFORE_CAP.load(Ordering::SeqCst);
+    if before == 0 {
+        return None;
+    }
+    let mut cap = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit on fully initialised structs.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_DATA, &mut cap) != 0 {
+            return None;
+        }
+        let lifted = libc::rlimit {
+            rlim_cur: if before == u64::MAX {
+                cap.rlim_max
+            } else {
+                before.min(cap.rlim_max)
+            },
+            rlim_max: cap.rlim_max,
+        };
+        if libc::setrlimit(libc::RLIMIT_DATA, &lifted) != 0 {
+            return None;
+        }
+    }
+    Some(CapLifted { cap })
+}
+
+impl Drop for CapLifted {
+    fn drop(&mut self) {
+        // SAFETY: setrlimit with the struct getrlimit filled.
+        unsafe { libc::setrlimit(libc::RLIMIT_DATA, &self.cap) };
+    }
+}
+
+/// The environment variable that fills the cap at a run's give-up ([`fill_cap_if_asked`]).
 pub const FILL_CAP_AT_GIVE_UP: &str = "HEADROOM_INJECT_FULL_CAP";
 
 /// Fault injection for the tests of the hard cap: lowers RLIMIT_DATA to what the data

@@ -39,6 +39,27 @@ fn trim_heap() -> Option<u64> {
     headroom_host::procmem::trim_heap()
 }
 
+/// The hard cap lifted by [`lift_cap`], put back by [`restore_cap`].
+static LIFTED: std::sync::Mutex<Option<headroom_host::procmem::CapLifted>> =
+    std::sync::Mutex::new(None);
+
+/// Lifts the run's hard cap (`hard_limit=True`) until [`restore_cap`]: a give-up's
+/// `on_checkpoint` saves the last completed step with what the cap held back. False when
+/// no cap is in force.
+#[pyfunction]
+fn lift_cap() -> bool {
+    let lifted = headroom_host::procmem::lift_cap();
+    let any = lifted.is_some();
+    *LIFTED.lock().unwrap_or_else(|p| p.into_inner()) = lifted;
+    any
+}
+
+/// Puts the cap [`lift_cap`] lifted back as it was.
+#[pyfunction]
+fn restore_cap() {
+    LIFTED.lock().unwrap_or_else(|p| p.into_inner()).take();
+}
+
 /// `"1.5GiB"` → bytes, with the CLI's own parser and error.
 #[pyfunction]
 fn parse_bytes(text: &str) -> PyResult<u64> {
@@ -62,6 +83,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rss, m)?)?;
     m.add_function(wrap_pyfunction!(trim_heap, m)?)?;
     m.add_function(wrap_pyfunction!(parse_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(lift_cap, m)?)?;
+    m.add_function(wrap_pyfunction!(restore_cap, m)?)?;
     m.add_function(wrap_pyfunction!(viewer_main, m)?)?;
     m.add("PROTOCOL", headroom_core::protocol::version_string())?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;

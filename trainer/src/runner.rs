@@ -1505,8 +1505,11 @@ impl Trainer {
             )));
             return Ok(());
         }
-        // The give-up runs while the cap may be full; the tests fill it here.
+        // The give-up runs while the cap may be full; the tests fill it here. Its record
+        // and message are headroom's own allocations, which the cap never refuses; the
+        // checkpoint is saved with the cap lifted.
         procmem::fill_cap_if_asked();
+        let lifted = procmem::lift_cap();
         let saved = match self.checkpoint(bus) {
             Ok(path) => format!(
                 "the state after step {} is saved at {}",
@@ -1515,6 +1518,7 @@ impl Trainer {
             ),
             Err(e) => format!("the checkpoint failed too: {e}"),
         };
+        drop(lifted);
         // The last words: which lever would make one sequence fit, from the plan.
         let levers = match &self.plan {
             Some(p) if plan.micro_batch == 1 => format!(
