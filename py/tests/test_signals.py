@@ -58,6 +58,8 @@ def test_a_second_signal_ends_a_stuck_loop_at_once_and_records_it(tmp_path, runt
     p.send_signal(signal.SIGHUP)
     time.sleep(0.5)
     assert p.poll() is None, "one signal must only ask the loop to stop"
+    # A deliberate second request: the same signal more than 1 s after the first.
+    time.sleep(0.8)
     p.send_signal(signal.SIGHUP)
     p.communicate(timeout=30)
     assert p.returncode == -signal.SIGHUP
@@ -274,3 +276,118 @@ def test_sigterm_in_a_long_step_gives_it_up_at_the_next_micro_batch_and_the_resu
     resumed = torch.load(tmp_path / "resumed.pt")
     for k in full:
         assert torch.equal(full[k], resumed[k]), k
+
+
+def _heard(p: subprocess.Popen, name: str) -> None:
+    """Waits until the run said it took `name` (its first line on stderr)."""
+    line = p.stderr.readline()
+    assert f"headroom: {name}: stopping" in line, line
+
+
+def test_the_same_signal_again_within_a_second_is_the_same_request(tmp_path, runtime_dir):
+    """GNU timeout, a supervisor or `kill PID; kill -PGID` deliver one SIGTERM twice
+    within microseconds: the repeat is the same request, said once and ignored; the stop
+    goes on. The same signal more than 1 s later is a deliberate second request and ends
+    the process at once (issue 33)."""
+    p, log, _ = start(tmp_path, "stuck")
+    p.send_signal(signal.SIGTERM)
+    _heard(p, "SIGTERM")
+    p.send_signal(signal.SIGTERM)  # the group's copy, well within the second
+    time.sleep(0.5)
+    assert p.poll() is None, "a repeat within 1 s must not cut the stop short"
+    time.sleep(0.7)
+    p.send_signal(signal.SIGTERM)  # 1.2 s after: deliberate
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == -signal.SIGTERM, err
+    assert err.count("SIGTERM: stopping") == 0, "the first line was read; said once"
+    recs = records(log)
+    assert recs[-1]["kind"] == "failed" and "second SIGTERM" in recs[-1]["reason"], recs[-3:]
+    said = [r for r in recs if r["kind"] == "notice" and "SIGTERM: stopping" in r["text"]]
+    assert len(said) == 1, said
+
+
+def test_a_different_signal_within_the_second_is_a_deliberate_second_request(tmp_path, runtime_dir):
+    p, log, _ = start(tmp_path, "stuck")
+    p.send_signal(signal.SIGTERM)
+    _heard(p, "SIGTERM")
+    p.send_signal(signal.SIGHUP)
+    p.communicate(timeout=30)
+    assert p.returncode == -signal.SIGHUP
+    recs = records(log)
+    assert recs[-1]["kind"] == "failed" and "second SIGHUP" in recs[-1]["reason"], recs[-3:]
+
+
+def test_a_doubled_sigterm_lets_the_loop_finish_its_stop_with_the_checkpoint(tmp_path, runtime_dir):
+    """A loop that reads should_stop, sent SIGTERM twice a millisecond apart (after the
+    first was taken): it still ends cleanly, exit 0, its checkpoint taken and the log
+    complete (before, the repeat ended it at once, as failed)."""
+    p, log, ck = start(tmp_path, "check")
+    p.send_signal(signal.SIGTERM)
+    _heard(p, "SIGTERM")
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    assert "finished cleanly" in out
+    recs = records(log)
+    assert recs[-1]["kind"] == "finished" and recs[-1]["stopped_by_user"], recs[-3:]
+    saved = [r for r in recs if r["kind"] == "checkpoint_saved"]
+    assert saved and (ck / f"step-{saved[0]['step']}.txt").exists()
+
+
+@pytest.mark.parametrize("how", ["timeout", "kill-pid-then-group"])
+def test_timeout_and_a_group_kill_stop_a_run_with_its_checkpoint(tmp_path, runtime_dir, how):
+    """The real deliverers: GNU `timeout -s TERM` (the child, then its process group) and
+    `kill -TERM PID` then `kill -TERM -PGID` for a run in a session of its own. The run
+    ends as stopped with its checkpoint, not as failed."""
+    import shutil
+    import sys
+
+    log = tmp_path / "run.jsonl"
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    argv = [
+        sys.executable,
+        str(HERE / "signalled_run.py"),
+        "--mode",
+        "ignore",
+        "--log",
+        str(log),
+        "--checkpoints",
+        str(ck),
+    ]
+    env = dict(__import__("os").environ)
+    env["PYTHONPATH"] = f"{HERE}:{env.get('PYTHONPATH', '')}"
+    if how == "timeout":
+        assert shutil.which("timeout"), "GNU timeout is part of coreutils"
+        p = subprocess.Popen(
+            ["timeout", "-s", "TERM", "4", *argv],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 124, err  # timeout's own: the time ran out
+    else:
+        import os
+
+        p = subprocess.Popen(
+            argv,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        assert p.stdout.readline().strip() == "ready"
+        time.sleep(0.5)
+        os.kill(p.pid, signal.SIGTERM)
+        os.killpg(p.pid, signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 128 + signal.SIGTERM, err
+    recs = records(log)
+    assert recs[-1]["kind"] == "finished" and recs[-1]["stopped_by_user"], (err, recs[-3:])
+    saved = [r for r in recs if r["kind"] == "checkpoint_saved"]
+    assert saved and (ck / f"step-{saved[0]['step']}.txt").exists()
+    assert err.count("SIGTERM: stopping") == 1, err
