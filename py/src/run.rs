@@ -125,9 +125,12 @@ impl NativeRun {
         });
     }
 
-    /// What a stop saves, said where the stop is asked for.
-    fn stop_checkpoint_text(&self) -> String {
-        if self.checkpoints {
+    /// What a stop saves, said where the stop is asked for. `mid_step`: asked during a
+    /// step (a signal), which a watch-only loop finishes before the checkpoint.
+    fn stop_checkpoint_text(&self, mid_step: bool) -> String {
+        if self.checkpoints && mid_step && self.controller.is_none() {
+            "the checkpoint will be taken at the end of the step in progress".to_string()
+        } else if self.checkpoints {
             format!("the checkpoint will be of step {}", self.step)
         } else {
             "no checkpoint will be taken: this run has no on_checkpoint (give \
@@ -189,7 +192,7 @@ impl NativeRun {
                     "stopping after step {} (run.should_stop is set; the loop ends when it \
                      reads it); {}",
                     self.step,
-                    self.stop_checkpoint_text()
+                    self.stop_checkpoint_text(false)
                 );
                 self.applied(cmd, text);
             }
@@ -1027,7 +1030,7 @@ impl NativeRun {
                  its next micro-batch; a loop that only reports ends when it reads \
                  run.should_stop, or at the next step's end; {why} again within 1 s is the \
                  same request, a second signal later ends the process at once)",
-                self.stop_checkpoint_text()
+                self.stop_checkpoint_text(true)
             ),
         );
         Ok(())

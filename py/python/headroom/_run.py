@@ -460,16 +460,20 @@ class Run:
             f"a step in progress in run.backward() is abandoned at its next micro-batch; "
             f"{self._stop_saves('will be')}"
             if self._adaptive
-            else f"the loop is asked to stop after step {self._step}; {self._stop_saves('will be')}"
+            else "the loop is asked to stop at the end of the step in progress; "
+            f"{self._stop_saves('will be', mid_step=True)}"
         )
         # A signal that interrupted a write to stderr makes this one a reentrant call
         # (RuntimeError): the notice in the log still says it.
         with contextlib.suppress(RuntimeError):
             print(f"headroom: {name}: stopping: {what}", file=sys.stderr, flush=True)
 
-    def _stop_saves(self, verb: str) -> str:
-        """What a stop saves: the last completed step, through on_checkpoint, or nothing,
-        said as such (never a checkpoint that will not be taken)."""
+    def _stop_saves(self, verb: str, mid_step: bool = False) -> str:
+        """What a stop saves: the last completed step (a watch-only loop's step in
+        progress, when asked mid-step: the loop finishes it), through on_checkpoint, or
+        nothing, said as such (never a checkpoint that will not be taken)."""
+        if self._on_checkpoint is not None and mid_step and not self._adaptive:
+            return f"the checkpoint {verb} taken at the end of the step in progress"
         if self._on_checkpoint is not None:
             return f"the checkpoint {verb} of step {self._step}"
         return (
