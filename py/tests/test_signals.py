@@ -4,8 +4,11 @@ a checkpoint is taken at the step's end, and the log and socket are closed prope
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -287,8 +290,8 @@ def _heard(p: subprocess.Popen, name: str) -> None:
 def test_the_same_signal_again_within_a_second_is_the_same_request(tmp_path, runtime_dir):
     """GNU timeout, a supervisor or `kill PID; kill -PGID` deliver one SIGTERM twice
     within microseconds: the repeat is the same request, said once and ignored; the stop
-    goes on. The same signal more than 1 s later is a deliberate second request and ends
-    the process at once (issue 33)."""
+    goes on. The same signal more than 1 s later, or a different signal at once, is a
+    deliberate second request and ends the process at once (issue 33)."""
     p, log, _ = start(tmp_path, "stuck")
     p.send_signal(signal.SIGTERM)
     _heard(p, "SIGTERM")
@@ -305,9 +308,10 @@ def test_the_same_signal_again_within_a_second_is_the_same_request(tmp_path, run
     said = [r for r in recs if r["kind"] == "notice" and "SIGTERM: stopping" in r["text"]]
     assert len(said) == 1, said
 
-
-def test_a_different_signal_within_the_second_is_a_deliberate_second_request(tmp_path, runtime_dir):
-    p, log, _ = start(tmp_path, "stuck")
+    # A different signal within the second: deliberate too.
+    other = tmp_path / "other"
+    other.mkdir()
+    p, log, _ = start(other, "stuck")
     p.send_signal(signal.SIGTERM)
     _heard(p, "SIGTERM")
     p.send_signal(signal.SIGHUP)
@@ -317,77 +321,60 @@ def test_a_different_signal_within_the_second_is_a_deliberate_second_request(tmp
     assert recs[-1]["kind"] == "failed" and "second SIGHUP" in recs[-1]["reason"], recs[-3:]
 
 
-def test_a_doubled_sigterm_lets_the_loop_finish_its_stop_with_the_checkpoint(tmp_path, runtime_dir):
-    """A loop that reads should_stop, sent SIGTERM twice a millisecond apart (after the
-    first was taken): it still ends cleanly, exit 0, its checkpoint taken and the log
-    complete (before, the repeat ended it at once, as failed)."""
-    p, log, ck = start(tmp_path, "check")
-    p.send_signal(signal.SIGTERM)
-    _heard(p, "SIGTERM")
-    p.send_signal(signal.SIGTERM)
-    out, err = p.communicate(timeout=30)
-    assert p.returncode == 0, err
-    assert "finished cleanly" in out
-    recs = records(log)
-    assert recs[-1]["kind"] == "finished" and recs[-1]["stopped_by_user"], recs[-3:]
-    saved = [r for r in recs if r["kind"] == "checkpoint_saved"]
-    assert saved and (ck / f"step-{saved[0]['step']}.txt").exists()
-
-
-@pytest.mark.parametrize("how", ["timeout", "kill-pid-then-group"])
-def test_timeout_and_a_group_kill_stop_a_run_with_its_checkpoint(tmp_path, runtime_dir, how):
-    """The real deliverers: GNU `timeout -s TERM` (the child, then its process group) and
-    `kill -TERM PID` then `kill -TERM -PGID` for a run in a session of its own. The run
-    ends as stopped with its checkpoint, not as failed."""
-    import shutil
-    import sys
-
+def _signalled(tmp_path: Path, *prefix: str) -> tuple[subprocess.Popen, Path, Path]:
+    """signalled_run.py --mode check in a session of its own (a process group to signal),
+    under `prefix` (a wrapper such as timeout); returns when it is ready."""
     log = tmp_path / "run.jsonl"
     ck = tmp_path / "ck"
     ck.mkdir()
-    argv = [
-        sys.executable,
-        str(HERE / "signalled_run.py"),
-        "--mode",
-        "ignore",
-        "--log",
-        str(log),
-        "--checkpoints",
-        str(ck),
-    ]
-    env = dict(__import__("os").environ)
-    env["PYTHONPATH"] = f"{HERE}:{env.get('PYTHONPATH', '')}"
-    if how == "timeout":
-        assert shutil.which("timeout"), "GNU timeout is part of coreutils"
-        p = subprocess.Popen(
-            ["timeout", "-s", "TERM", "4", *argv],
-            env=env,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-        out, err = p.communicate(timeout=60)
-        assert p.returncode == 124, err  # timeout's own: the time ran out
-    else:
-        import os
+    argv = [sys.executable, str(HERE / "signalled_run.py"), "--mode", "check", "--log"]
+    argv += [str(log), "--checkpoints", str(ck)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
+    p = subprocess.Popen(
+        [*prefix, *argv],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert p.stdout.readline().strip() == "ready"
+    time.sleep(0.5)
+    return p, log, ck
 
-        p = subprocess.Popen(
-            argv,
-            env=env,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-        assert p.stdout.readline().strip() == "ready"
-        time.sleep(0.5)
-        os.kill(p.pid, signal.SIGTERM)
-        os.killpg(p.pid, signal.SIGTERM)
-        out, err = p.communicate(timeout=30)
-        assert p.returncode == 128 + signal.SIGTERM, err
+
+def _stopped_with_its_checkpoint(log: Path, ck: Path, out: str, err: str) -> None:
+    assert "finished cleanly" in out, err
     recs = records(log)
     assert recs[-1]["kind"] == "finished" and recs[-1]["stopped_by_user"], (err, recs[-3:])
     saved = [r for r in recs if r["kind"] == "checkpoint_saved"]
     assert saved and (ck / f"step-{saved[0]['step']}.txt").exists()
     assert err.count("SIGTERM: stopping") == 1, err
+
+
+def test_kill_pid_then_kill_pgid_and_timeout_stop_a_run_once_with_its_checkpoint(
+    tmp_path, runtime_dir
+):
+    """The deliverers of a doubled SIGTERM: `kill -TERM PID` then `kill -TERM -PGID`
+    (here the second after the first was taken, where it used to end the run at once, as
+    failed), and GNU `timeout -s TERM` (the child, then its process group, microseconds
+    apart: those two the kernel may merge). Each run ends its stop: exit 0 (timeout's 124),
+    the loop finished, its checkpoint taken, the log complete, the stop said once."""
+    (tmp_path / "kill").mkdir()
+    p, log, ck = _signalled(tmp_path / "kill")
+    os.kill(p.pid, signal.SIGTERM)
+    _heard(p, "SIGTERM")
+    os.killpg(p.pid, signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    _stopped_with_its_checkpoint(log, ck, out, "headroom: SIGTERM: stopping\n" + err)
+
+    assert shutil.which("timeout"), "GNU timeout is part of coreutils"
+    (tmp_path / "timeout").mkdir()
+    p, log, ck = _signalled(tmp_path / "timeout", "timeout", "-s", "TERM", "600")
+    # timeout's own timer is SIGALRM: sent now, its time is up now, not in 600 s.
+    p.send_signal(signal.SIGALRM)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 124, err  # timeout's own: the time ran out
+    _stopped_with_its_checkpoint(log, ck, out, err)
