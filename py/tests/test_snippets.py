@@ -96,16 +96,27 @@ def test_a_docs_snippet_runs_as_written_from_the_pip_install(
         pytest.skip(f"{ident} is a fragment of a larger script (its comment names which)")
     script = tmp_path / "snippet.py"
     script.write_text(code if how == "alone" else SETUP + "\n" + code)
-    p = subprocess.run(
+    as_user(
         [user_venv / "bin" / "python", script.name],
-        cwd=tmp_path,
-        env=user_env(user_venv, runtime_dir),
+        tmp_path,
+        user_venv,
+        runtime_dir,
+        f"{ident}:\n{script.read_text()}",
+    )
+
+
+def as_user(argv: list, cwd: Path, venv_dir: Path, runtime_dir: Path, what: str) -> None:
+    """Runs `argv` in the user's environment; it must succeed without a traceback."""
+    p = subprocess.run(
+        argv,
+        cwd=cwd,
+        env=user_env(venv_dir, runtime_dir),
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=300,
     )
-    assert p.returncode == 0, f"{ident}:\n{script.read_text()}\n{p.stderr[-4000:]}"
-    assert "Traceback" not in p.stderr, p.stderr[-4000:]
+    assert p.returncode == 0, f"{what}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
+    assert "Traceback" not in p.stderr, f"{what}\n{p.stderr[-4000:]}"
 
 
 def example_commands(path: Path) -> list[list[str]]:
@@ -146,16 +157,7 @@ def test_an_examples_command_runs_as_written_from_the_pip_install(
         argv += ["--steps", "2"]
     argv = [a.replace("/tmp/", f"{tmp_path}/") for a in argv]
     argv[0] = str(user_venv / "bin" / "python")
-    p = subprocess.run(
-        argv,
-        cwd=ROOT,
-        env=user_env(user_venv, runtime_dir),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert p.returncode == 0, f"{ident}: {shlex.join(argv)}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
-    assert "Traceback" not in p.stderr, p.stderr[-4000:]
+    as_user(argv, ROOT, user_venv, runtime_dir, f"{ident}: {shlex.join(argv)}")
 
 
 def test_the_venv_has_the_headroom_command_and_no_repository_on_its_path(user_venv, runtime_dir):
