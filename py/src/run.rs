@@ -36,9 +36,13 @@ const LOG_WAIT: Duration = Duration::from_secs(5);
 
 /// The preset whose values `t` are exactly, if any.
 fn profile_of(t: Thresholds) -> Option<Profile> {
-    [Profile::Aggressive, Profile::Balanced, Profile::Conservative]
-        .into_iter()
-        .find(|p| p.thresholds() == t)
+    [
+        Profile::Aggressive,
+        Profile::Balanced,
+        Profile::Conservative,
+    ]
+    .into_iter()
+    .find(|p| p.thresholds() == t)
 }
 
 fn value_error(e: impl ToString) -> PyErr {

@@ -6,7 +6,7 @@ The environment is a fresh venv with the wheel (conftest's `wheel`) installed by
 seeing the torch of the test's interpreter and its transformers and lightning through a
 .pth file, as a user's venv with those installed would. Each snippet runs in a folder of
 its own, with `python`; each example's docstring commands run with that venv's `python`
-from the repository root, with only the step count made small (`--steps 2`) and /tmp
+from the repository root, with only the step count made small (`--steps 1`) and /tmp
 paths moved into the test's folder."""
 
 from __future__ import annotations
@@ -152,9 +152,9 @@ def test_an_examples_command_runs_as_written_from_the_pip_install(
 ):
     argv = list(argv)
     if "--steps" in argv:
-        argv[argv.index("--steps") + 1] = "2"
+        argv[argv.index("--steps") + 1] = "1"
     else:
-        argv += ["--steps", "2"]
+        argv += ["--steps", "1"]
     argv = [a.replace("/tmp/", f"{tmp_path}/") for a in argv]
     argv[0] = str(user_venv / "bin" / "python")
     as_user(argv, ROOT, user_venv, runtime_dir, f"{ident}: {shlex.join(argv)}")
