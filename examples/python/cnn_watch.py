@@ -4,13 +4,14 @@ headroom only watches (WATCH-ONLY mode): each step's loss, throughput and peak m
 the dashboard, whose stop key ends the loop cleanly. The lines marked `# headroom` are all
 it takes to add that to an existing loop.
 
-Run it (from the repository root):
+Run it from the repository root, in the environment that has your torch, after
+`pip install ./py` (which also gives the `headroom` command):
 
-    ./dev python examples/python/cnn_watch.py --steps 300
+    python examples/python/cnn_watch.py --steps 300
 
 and in another terminal:
 
-    target/release/headroom attach
+    headroom attach
 
 The data: 3x32x32 images of noise, each quadrant brightened or darkened by a random
 offset; an image's class (0-3) is the quadrant with the highest mean, a deterministic

@@ -3,14 +3,15 @@ micro-batch is steered by its own memory controller, an out-of-memory error on a
 recovered without the others waiting on it, and `headroom attach nanogpt-ddp` shows every
 rank's row on one screen (and pauses, stops or checkpoints the whole job at one step).
 
-Run it on a CPU (from the repository root; gloo, two processes):
+Run it on a CPU from the repository root (gloo, two processes), in the environment that
+has your torch, after `pip install ./py`:
 
-    ./dev python -m torch.distributed.run --standalone --nproc-per-node 2 \\
-        examples/python/ddp.py --steps 50
+    python -m torch.distributed.run --standalone --nproc-per-node 2 \\
+        examples/python/ddp.py --steps 50            # torchrun, by its module
 
 and in another terminal:
 
-    target/release/headroom attach nanogpt-ddp     # the job: a row per rank
+    headroom attach nanogpt-ddp     # the job: a row per rank
 
 On GPUs (one per process): `--device cuda` picks `cuda:LOCAL_RANK` and NCCL.
 

@@ -6,13 +6,16 @@ runs out; an out-of-memory error mid-step is retried smaller, without restarting
 Trainer. Everything else is the Trainer's: its gradient accumulation, clipping, LR
 schedule, logging and checkpoints (`checkpoint-N`, resumable with --resume).
 
-    ./dev python examples/python/hf_finetune.py --steps 30
-    target/release/headroom attach            # in another terminal: watch, pause, stop
+Run it from the repository root, in the environment that has your torch and
+transformers, after `pip install ./py`:
+
+    python examples/python/hf_finetune.py --steps 30
+    headroom attach                           # in another terminal: watch, pause, stop
 
 A real capped run on the CPU (the whole process may hold --memory-budget; a batch of 64
 windows of 256 bytes does not fit in one piece):
 
-    ./dev python examples/python/hf_finetune.py --memory-budget 1.3GiB --hard-limit \\
+    python examples/python/hf_finetune.py --memory-budget 1.3GiB --hard-limit \\
         --batch 64 --steps 10 --log /tmp/hf.jsonl
 
 --watch-only adds `callbacks=[headroom.hf.Watch()]` instead: the dashboard shows the run

@@ -6,10 +6,13 @@ loss) where a stock module defines `training_step`; the Trainer gets the
 into micro-batches that grow while memory allows, shrink before it runs out, and are
 retried smaller after an out-of-memory error, without restarting the fit.
 
-    ./dev python examples/python/lightning_module.py --steps 30
-    target/release/headroom attach            # in another terminal
+Run it from the repository root, in the environment that has your torch and lightning,
+after `pip install ./py`:
 
-    ./dev python examples/python/lightning_module.py --memory-budget 1.2GiB --hard-limit \\
+    python examples/python/lightning_module.py --steps 30
+    headroom attach                           # in another terminal
+
+    python examples/python/lightning_module.py --memory-budget 1.2GiB --hard-limit \\
         --batch 128 --steps 10 --log /tmp/pl.jsonl     # a real capped run on the CPU
 
 --watch-only trains the same model the stock way (automatic optimization) with

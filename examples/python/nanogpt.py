@@ -5,13 +5,14 @@ while memory allows and shrinking it, mid-step, when an out-of-memory error stri
 gradients always equal one full-batch backward's, so the training is the same whatever the
 micro-batch.
 
-Run it (from the repository root):
+Run it from the repository root, in the environment that has your torch, after
+`pip install ./py` (which also gives the `headroom` command):
 
-    ./dev python examples/python/nanogpt.py --steps 50
+    python examples/python/nanogpt.py --steps 50
 
 and in another terminal watch and steer it:
 
-    target/release/headroom attach
+    headroom attach
 
 A real capped run on the CPU: the whole process may hold at most 850 MiB, and past that an
 allocation fails. Python, torch and the model hold about 0.6 GiB before training starts
@@ -20,7 +21,7 @@ needs about 0.35 GiB more, so the first step runs out of memory. The controller 
 mid-step: the samples not yet done are retried at a smaller micro-batch, which then grows
 back as far as the budget allows. The log's `oom` and `decision` records show it all:
 
-    ./dev python examples/python/nanogpt.py --memory-budget 850MiB --hard-limit \\
+    python examples/python/nanogpt.py --memory-budget 850MiB --hard-limit \\
         --micro-batch 64 --steps 15 --log /tmp/nanogpt.jsonl
 
 Plain PyTorch besides headroom: token and position embeddings, pre-LN blocks (causal

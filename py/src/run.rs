@@ -34,6 +34,17 @@ use crate::allocator::PyAllocator;
 const VIEWERS_WAIT: Duration = Duration::from_secs(2);
 const LOG_WAIT: Duration = Duration::from_secs(5);
 
+/// The preset whose values `t` are exactly, if any.
+fn profile_of(t: Thresholds) -> Option<Profile> {
+    [
+        Profile::Aggressive,
+        Profile::Balanced,
+        Profile::Conservative,
+    ]
+    .into_iter()
+    .find(|p| p.thresholds() == t)
+}
+
 fn value_error(e: impl ToString) -> PyErr {
     PyValueError::new_err(e.to_string())
 }
@@ -79,6 +90,8 @@ pub struct NativeRun {
     /// The last step's limit and usage (a job's rows carry them).
     last_limit: u64,
     last_usage: f64,
+    /// Whether the loop gave a checkpoint callback: what a stop may promise.
+    checkpoints: bool,
 }
 
 impl NativeRun {
@@ -104,12 +117,30 @@ impl NativeRun {
             .map_or(self.thresholds, |c| c.thresholds())
     }
 
+    /// The thresholds in force, with the profile they are (as `headroom train` says it:
+    /// the preset whose values they are, given by name or by value), else custom.
     fn thresholds_changed(&self, source: &str, profile: Option<Profile>) {
+        let thresholds = self.thresholds_now();
+        let profile = profile.or_else(|| profile_of(thresholds));
         self.send(Telemetry::ThresholdsChanged {
-            thresholds: self.thresholds_now(),
+            thresholds,
             profile,
             source: source.into(),
         });
+    }
+
+    /// What a stop saves, said where the stop is asked for. `mid_step`: asked during a
+    /// step (a signal), which a watch-only loop finishes before the checkpoint.
+    fn stop_checkpoint_text(&self, mid_step: bool) -> String {
+        if self.checkpoints && mid_step && self.controller.is_none() {
+            "the checkpoint will be taken at the end of the step in progress".to_string()
+        } else if self.checkpoints {
+            format!("the checkpoint will be of step {}", self.step)
+        } else {
+            "no checkpoint will be taken: this run has no on_checkpoint (give \
+             headroom.Run(on_checkpoint=fn), fn(step) saving and returning the path)"
+                .to_string()
+        }
     }
 
     /// Carries out what Rust can (reporting every decision); says whether Python must
@@ -163,8 +194,9 @@ impl NativeRun {
                 }
                 let text = format!(
                     "stopping after step {} (run.should_stop is set; the loop ends when it \
-                     reads it)",
-                    self.step
+                     reads it); {}",
+                    self.step,
+                    self.stop_checkpoint_text(false)
                 );
                 self.applied(cmd, text);
             }
@@ -405,7 +437,8 @@ impl NativeRun {
         name, *, producer, device, device_name, parameters, total_steps,
         effective_batch, micro_batch, log=None, listen=None, sample_hz=4.0,
         cuda_index=None, device_total=None, allocator=None, memory_budget=None,
-        hard_limit=false, thresholds=None, profile=None, adaptive=false, job=None
+        hard_limit=false, thresholds=None, profile=None, adaptive=false, job=None,
+        checkpoints=false
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -430,6 +463,7 @@ impl NativeRun {
         profile: Option<String>,
         adaptive: bool,
         job: Option<(String, u32, u32, u32)>,
+        checkpoints: bool,
     ) -> PyResult<NativeRun> {
         if name.trim().is_empty() {
             return Err(value_error(
@@ -569,6 +603,7 @@ impl NativeRun {
             log_path: log,
             last_limit: 0,
             last_usage: 0.0,
+            checkpoints,
         };
         run.thresholds_changed("config", None);
         run.send(Telemetry::Status {
@@ -999,11 +1034,11 @@ impl NativeRun {
             Level::Warn,
             "signal",
             format!(
-                "{why}: stopping; the checkpoint will be of step {} (a step in progress in \
-                 run.backward() is abandoned at its next micro-batch; a loop that only \
-                 reports ends when it reads run.should_stop, or at the next step's end; a \
-                 second {why} ends the process at once)",
-                self.step
+                "{why}: stopping; {} (a step in progress in run.backward() is abandoned at \
+                 its next micro-batch; a loop that only reports ends when it reads \
+                 run.should_stop, or at the next step's end; {why} again within 1 s is the \
+                 same request, a second signal later ends the process at once)",
+                self.stop_checkpoint_text(true)
             ),
         );
         Ok(())

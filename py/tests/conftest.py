@@ -318,6 +318,21 @@ def in_fresh_process(module: str, body: str, tmp_path) -> None:
 __all__ = ["headroom"]
 
 
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    # The interpreter ./dev gives cargo (PYO3_PYTHON): pyo3's build then matches the one
+    # `./dev test` already compiled, and only the extension itself is linked again.
+    python = os.environ.get("PYO3_PYTHON", sys.executable)
+    subprocess.run(
+        [sys.executable, "-m", "maturin", "build", "--release", "-i", python] + ["--out", str(out)],
+        cwd=ROOT / "py",
+        check=True,
+    )
+    (found,) = out.glob("headroom-*.whl")
+    return found
+
+
 def spawn_on_pty(argv: list[str], cols: int = 160, rows: int = 50, env: dict | None = None):
     """Starts `argv` on a new pseudo-terminal of that size (in `env`, else this process's
     environment); returns (pid, master fd)."""

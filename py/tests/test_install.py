@@ -3,15 +3,15 @@ fresh venv that has no torch and no libtorch on the library path, runs `headroom
 `headroom replay --end` of a shipped run log from the venv's own console script, and
 `headroom train` there says it needs the full build.
 
-The wheel is built once per test session (maturin, into the workspace's target/, so cargo
-reuses what `./dev test` already compiled) and installed with pip from the file."""
+The wheel is built once per test session (conftest's `wheel`: maturin, into the
+workspace's target/, so cargo reuses what `./dev test` already compiled) and installed with
+pip from the file."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
-import sys
 import time
 import venv
 from pathlib import Path
@@ -21,21 +21,6 @@ import pytest
 from conftest import ROOT, Screen, spawn_on_pty
 
 LOG = ROOT / "tests" / "fixtures" / "tiny-run.jsonl"
-
-
-@pytest.fixture(scope="session")
-def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    # The interpreter ./dev gives cargo (PYO3_PYTHON): pyo3's build then matches the one
-    # `./dev test` already compiled, and only the extension itself is linked again.
-    python = os.environ.get("PYO3_PYTHON", sys.executable)
-    subprocess.run(
-        [sys.executable, "-m", "maturin", "build", "--release", "-i", python] + ["--out", str(out)],
-        cwd=ROOT / "py",
-        check=True,
-    )
-    (found,) = out.glob("headroom-*.whl")
-    return found
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,11 @@ a checkpoint is taken at the step's end, and the log and socket are closed prope
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -58,6 +61,8 @@ def test_a_second_signal_ends_a_stuck_loop_at_once_and_records_it(tmp_path, runt
     p.send_signal(signal.SIGHUP)
     time.sleep(0.5)
     assert p.poll() is None, "one signal must only ask the loop to stop"
+    # A deliberate second request: the same signal more than 1 s after the first.
+    time.sleep(0.8)
     p.send_signal(signal.SIGHUP)
     p.communicate(timeout=30)
     assert p.returncode == -signal.SIGHUP
@@ -274,3 +279,102 @@ def test_sigterm_in_a_long_step_gives_it_up_at_the_next_micro_batch_and_the_resu
     resumed = torch.load(tmp_path / "resumed.pt")
     for k in full:
         assert torch.equal(full[k], resumed[k]), k
+
+
+def _heard(p: subprocess.Popen, name: str) -> None:
+    """Waits until the run said it took `name` (its first line on stderr)."""
+    line = p.stderr.readline()
+    assert f"headroom: {name}: stopping" in line, line
+
+
+def test_the_same_signal_again_within_a_second_is_the_same_request(tmp_path, runtime_dir):
+    """GNU timeout, a supervisor or `kill PID; kill -PGID` deliver one SIGTERM twice
+    within microseconds: the repeat is the same request, said once and ignored; the stop
+    goes on. The same signal more than 1 s later, or a different signal at once, is a
+    deliberate second request and ends the process at once (issue 33)."""
+    p, log, _ = start(tmp_path, "stuck")
+    p.send_signal(signal.SIGTERM)
+    _heard(p, "SIGTERM")
+    p.send_signal(signal.SIGTERM)  # the group's copy, well within the second
+    time.sleep(0.5)
+    assert p.poll() is None, "a repeat within 1 s must not cut the stop short"
+    time.sleep(0.7)
+    p.send_signal(signal.SIGTERM)  # 1.2 s after: deliberate
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == -signal.SIGTERM, err
+    assert err.count("SIGTERM: stopping") == 0, "the first line was read; said once"
+    recs = records(log)
+    assert recs[-1]["kind"] == "failed" and "second SIGTERM" in recs[-1]["reason"], recs[-3:]
+    said = [r for r in recs if r["kind"] == "notice" and "SIGTERM: stopping" in r["text"]]
+    assert len(said) == 1, said
+
+    # A different signal within the second: deliberate too.
+    other = tmp_path / "other"
+    other.mkdir()
+    p, log, _ = start(other, "stuck")
+    p.send_signal(signal.SIGTERM)
+    _heard(p, "SIGTERM")
+    p.send_signal(signal.SIGHUP)
+    p.communicate(timeout=30)
+    assert p.returncode == -signal.SIGHUP
+    recs = records(log)
+    assert recs[-1]["kind"] == "failed" and "second SIGHUP" in recs[-1]["reason"], recs[-3:]
+
+
+def _signalled(tmp_path: Path, *prefix: str) -> tuple[subprocess.Popen, Path, Path]:
+    """signalled_run.py --mode check in a session of its own (a process group to signal),
+    under `prefix` (a wrapper such as timeout); returns when it is ready."""
+    log = tmp_path / "run.jsonl"
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    argv = [sys.executable, str(HERE / "signalled_run.py"), "--mode", "check", "--log"]
+    argv += [str(log), "--checkpoints", str(ck)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
+    p = subprocess.Popen(
+        [*prefix, *argv],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert p.stdout.readline().strip() == "ready"
+    time.sleep(0.5)
+    return p, log, ck
+
+
+def _stopped_with_its_checkpoint(log: Path, ck: Path, out: str, err: str) -> None:
+    assert "finished cleanly" in out, err
+    recs = records(log)
+    assert recs[-1]["kind"] == "finished" and recs[-1]["stopped_by_user"], (err, recs[-3:])
+    saved = [r for r in recs if r["kind"] == "checkpoint_saved"]
+    assert saved and (ck / f"step-{saved[0]['step']}.txt").exists()
+    assert err.count("SIGTERM: stopping") == 1, err
+
+
+def test_kill_pid_then_kill_pgid_and_timeout_stop_a_run_once_with_its_checkpoint(
+    tmp_path, runtime_dir
+):
+    """The deliverers of a doubled SIGTERM: `kill -TERM PID` then `kill -TERM -PGID`
+    (here the second after the first was taken, where it used to end the run at once, as
+    failed), and GNU `timeout -s TERM` (the child, then its process group, microseconds
+    apart: those two the kernel may merge). Each run ends its stop: exit 0 (timeout's 124),
+    the loop finished, its checkpoint taken, the log complete, the stop said once."""
+    (tmp_path / "kill").mkdir()
+    p, log, ck = _signalled(tmp_path / "kill")
+    os.kill(p.pid, signal.SIGTERM)
+    _heard(p, "SIGTERM")
+    os.killpg(p.pid, signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    _stopped_with_its_checkpoint(log, ck, out, "headroom: SIGTERM: stopping\n" + err)
+
+    assert shutil.which("timeout"), "GNU timeout is part of coreutils"
+    (tmp_path / "timeout").mkdir()
+    p, log, ck = _signalled(tmp_path / "timeout", "timeout", "-s", "TERM", "600")
+    # timeout's own timer is SIGALRM: sent now, its time is up now, not in 600 s.
+    p.send_signal(signal.SIGALRM)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 124, err  # timeout's own: the time ran out
+    _stopped_with_its_checkpoint(log, ck, out, err)

@@ -33,9 +33,14 @@ _LAZY = {
 }
 
 
+# The framework layers, also loaded on first use (`headroom.hf.adapt(trainer)` after a plain
+# `import headroom`): `import headroom` imports neither transformers nor lightning.
+_SUBMODULES = ("hf", "lightning")
+
+
 def __getattr__(name: str):
     module = _LAZY.get(name)
-    if module is None:
+    if module is None and name not in _SUBMODULES:
         raise AttributeError(f"module 'headroom' has no attribute {name!r}")
     try:
         import torch  # noqa: F401
@@ -44,9 +49,17 @@ def __getattr__(name: str):
             "headroom works with the PyTorch of your environment and found none; install "
             "torch (e.g. pip install torch), then use headroom"
         ) from e
+    if module is None:
+        # The submodule's own ImportError names the package it needs.
+        return import_module(f".{name}", __name__)
     value = getattr(import_module(module, __name__), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    """What `dir(headroom)` and a shell's completion list: the lazy names too."""
+    return sorted({*globals(), *_LAZY, *_SUBMODULES})
 
 
 __all__ = [

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _batch, _dist, _native, _torch
+from . import _args, _batch, _dist, _native, _torch
 
 LossFn = Callable[[Any], torch.Tensor]
 
@@ -75,6 +75,35 @@ _STOP_SIGNALS = tuple(
     )
     if hasattr(signal, n)
 )
+# A repeat of the stop signal within this many seconds of the first is the same request
+# (GNU timeout, a supervisor or `kill -TERM -PGID` deliver it twice within microseconds);
+# a different signal, or the same one later, is a deliberate second request. The binary
+# keeps the same rule (docs/RELIABILITY.md).
+SAME_SIGNAL_WINDOW_S = 1.0
+
+
+def _same_request(first: int | None, first_at: float, signum: int) -> bool:
+    """Whether `signum` repeats the stop signal `first` (taken at `first_at`, monotonic)
+    closely enough to be the same request."""
+    return first == signum and time.monotonic() - first_at < SAME_SIGNAL_WINDOW_S
+
+
+class _RepeatGuard:
+    """The handler a run leaves for its stop signal when it ends within the window: a
+    repeat still on its way (the group's copy of a `timeout`'s SIGTERM) is ignored; after
+    the window the signal does what its default does. A later run takes it over as it
+    would the default."""
+
+    def __init__(self, signum: int, at: float):
+        self.signum, self.at = signum, at
+
+    def __call__(self, signum, frame) -> None:
+        if _same_request(self.signum, self.at, signum):
+            return
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
 # What SIGUSR1/SIGUSR2 may mean (`on_usr1=`, `on_usr2=`; the binary's `run.on_usr1`).
 _USER_SIGNAL_ACTIONS = ("stop", "checkpoint")
 # The version of what state_dict() returns.
@@ -119,11 +148,44 @@ class Run:
         on_usr2: str = "stop",
     ):
         global _current
+        # Every argument is checked before anything happens: a mistake finishes no
+        # previous run, opens no socket and sets no cap.
+        name = _args.name(name)
+        _args.model(model)
+        device = _args.device(device)
+        total_steps = _args.whole("total_steps", total_steps, 0, 1000)
+        effective_batch = _args.optional_whole("effective_batch", effective_batch, 1)
+        micro_batch = _args.optional_whole("micro_batch", micro_batch, 1, 8)
+        min_micro_batch = _args.whole("min_micro_batch", min_micro_batch, 0, 1)
+        max_micro_batch = _args.optional_whole("max_micro_batch", max_micro_batch, 1)
+        max_seq_len = _args.optional_whole("max_seq_len", max_seq_len, 0, 1024)
+        for what, v in (
+            ("adaptive", adaptive),
+            ("hard_limit", hard_limit),
+            ("job_view", job_view),
+            ("finish_previous", finish_previous),
+            ("oom_snapshot", oom_snapshot),
+        ):
+            _args.flag(what, v)
+        memory_budget = _args.memory_budget(memory_budget)
+        thresholds = _args.thresholds(thresholds)
+        profile = _args.profile(profile)
+        log = _args.path("log", log)
+        listen = _args.listen(listen)
+        _args.callback(
+            "on_checkpoint", on_checkpoint, "a function fn(step) that saves and returns the path"
+        )
+        sample_hz = _args.number("sample_hz", sample_hz, positive=True)
         for what, v in (("on_usr1", on_usr1), ("on_usr2", on_usr2)):
             if v not in _USER_SIGNAL_ACTIONS:
                 raise ValueError(
                     f'{what}={v!r} is not an action; use "stop" (checkpoint and stop, the '
                     'default) or "checkpoint" (checkpoint at the step\'s end and go on)'
+                )
+            if v == "checkpoint" and on_checkpoint is None:
+                raise ValueError(
+                    f'{what}="checkpoint" needs on_checkpoint=fn (fn(step) saving and '
+                    "returning the path): without it the signal would save nothing"
                 )
         previous = _finish_previous(name, finish_previous)
         with _current_lock:
@@ -135,18 +197,6 @@ class Run:
                 )
             _current = self
         try:
-            for what, v in (
-                ("total_steps", total_steps),
-                ("min_micro_batch", min_micro_batch),
-            ):
-                if not isinstance(v, int) or v < 0:
-                    raise ValueError(f"{what}={v!r}: give a whole number ≥ 0")
-            if effective_batch is not None and (
-                not isinstance(effective_batch, int) or effective_batch < 1
-            ):
-                raise ValueError(f"effective_batch={effective_batch!r}: give a whole number ≥ 1")
-            if micro_batch is not None and (not isinstance(micro_batch, int) or micro_batch < 1):
-                raise ValueError(f"micro_batch={micro_batch!r}: give a whole number ≥ 1")
             if effective_batch is not None and model is None:
                 raise RunError(
                     "an adaptive run (effective_batch=…) needs model=: headroom keeps or clears "
@@ -170,11 +220,9 @@ class Run:
             joined = ranks is not None and world > 1 and (effective_batch is not None or job_view)
             if joined and effective_batch is not None:
                 _dist.refuse_unsupported(model, world)
-            budget = None
-            if memory_budget is not None and memory_budget != "":
-                budget = str(memory_budget) if isinstance(memory_budget, int) else memory_budget
-                if cuda and budget.strip().lower() != "auto":
-                    _torch.cap_cuda(self.device, _native.parse_bytes(budget))
+            budget = memory_budget
+            if budget is not None and cuda and budget.strip().lower() != "auto":
+                _torch.cap_cuda(self.device, _native.parse_bytes(budget))
             self._model = model
             self._params = (
                 [p for p in model.parameters() if p.requires_grad] if model is not None else []
@@ -194,9 +242,9 @@ class Run:
                 total_steps=total_steps,
                 effective_batch=self._effective,
                 micro_batch=micro_batch or self._effective or 1,
-                log=None if log is None else os.fspath(log),
-                listen=None if listen is None else str(listen),
-                sample_hz=float(sample_hz),
+                log=log,
+                listen=listen,
+                sample_hz=sample_hz,
                 cuda_index=self.device.index if cuda else None,
                 device_total=_torch.device_total(self.device),
                 allocator=_torch.CudaAllocator(self.device) if cuda else None,
@@ -204,9 +252,18 @@ class Run:
                 hard_limit=self._hard_limit,
                 thresholds=thresholds,
                 profile=profile,
-                adaptive=bool(adaptive) and self._adaptive,
+                adaptive=adaptive and self._adaptive,
                 job=job,
+                checkpoints=on_checkpoint is not None,
             )
+            if log is not None and self._native.log_path != log:
+                # Said where a script's user looks, as well as in the log itself.
+                print(
+                    f"headroom: {log} holds an earlier run's log, kept; this run logs to "
+                    f"{self._native.log_path}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             self._job = None
             self._job_commands: list[str] = []
             if joined:
@@ -236,12 +293,16 @@ class Run:
                     max_micro_batch or 0,
                     max_seq_len or 0,
                     baseline=self._meter.held(),
-                    adaptive=bool(adaptive),
+                    adaptive=adaptive,
                 )
+                self._say_batch_range(micro_batch, min_micro_batch, max_micro_batch)
+            # Which batch-size notices were given (a larger batch, a smaller one).
+            self._batch_said: set[bool] = set()
             self._step = 0
             self._accumulated: tuple | None = None
             self._boundary_t = time.perf_counter()
             self._signalled: int | None = None
+            self._signalled_at = 0.0
             self._signal_boundaries = 0
             self._stop_checkpointed = False
             self._optimizer_said = False
@@ -270,6 +331,61 @@ class Run:
             raise
         atexit.register(self._at_exit)
 
+    def _say(self, text: str, level: str = "warn") -> None:
+        """A notice that a script's user must see: in the log, on the dashboard and on
+        stderr."""
+        self.notice(text, level=level)
+        with contextlib.suppress(RuntimeError):
+            print(f"headroom: {text}", file=sys.stderr, flush=True)
+
+    def _say_batch_range(self, micro_batch, min_micro_batch, max_micro_batch) -> None:
+        """Once, at the start: a micro-batch setting the run cannot honour as given, what
+        it does instead and why (a micro-batch is a part of a step's batch)."""
+        eff = self._effective
+        top = eff if not max_micro_batch else min(max_micro_batch, eff)
+        self._max_micro_batch = top
+        low = min(max(min_micro_batch, 1), top)
+        start = self._native.micro_batch
+        said = []
+        if max_micro_batch and max_micro_batch > eff:
+            said.append(
+                f"max_micro_batch={max_micro_batch} is above effective_batch={eff}: the "
+                f"largest micro-batch is {eff}"
+            )
+        if min_micro_batch > top:
+            said.append(f"min_micro_batch={min_micro_batch} is above {top}: the smallest is {top}")
+        if micro_batch is not None and micro_batch != start:
+            said.append(
+                f"micro_batch={micro_batch} is outside {low}..{top}: the run starts at {start}"
+            )
+        if said:
+            self._say(
+                "; ".join(said) + f" (a micro-batch is a part of a step's batch of {eff} samples)"
+            )
+
+    def _say_batch_size(self, step: int, n: int) -> None:
+        """Once: a batch handed to run.backward() that is not effective_batch samples. The
+        step learns from the whole batch it is given (nothing is dropped or held back), so
+        its effective batch is what was handed; the micro-batches stay in their range."""
+        eff = self._effective
+        if n == eff or (n > eff) in self._batch_said:
+            return
+        self._batch_said.add(n > eff)
+        if n > eff:
+            self._say(
+                f"step {step}: run.backward() got a batch of {n} samples where "
+                f"effective_batch={eff} was given: the step learns from the whole batch it "
+                f"is handed, so its effective batch is {n} (logged as such), cut into "
+                f"micro-batches of at most {self._max_micro_batch}. Create the run "
+                f"with effective_batch={n}, or hand it batches of {eff}"
+            )
+        else:
+            self.notice(
+                f"step {step}: run.backward() got a batch of {n} samples, fewer than "
+                f"effective_batch={eff} (a loader's last batch, say): the step learns from "
+                f"the {n} it is handed, logged as its effective batch"
+            )
+
     # ---- signals -------------------------------------------------------------------------
 
     def _install_signal_handlers(self) -> None:
@@ -282,7 +398,8 @@ class Run:
         if threading.current_thread() is not threading.main_thread():
             return
         for sig in _STOP_SIGNALS:
-            if signal.getsignal(sig) == signal.SIG_DFL:
+            held = signal.getsignal(sig)
+            if held == signal.SIG_DFL or isinstance(held, _RepeatGuard):
                 self._saved_handlers[sig] = signal.SIG_DFL
                 signal.signal(sig, self._on_signal)
 
@@ -291,6 +408,8 @@ class Run:
             return
         for sig, handler in self._saved_handlers.items():
             if signal.getsignal(sig) == self._on_signal:
+                if _same_request(self._signalled, self._signalled_at, sig):
+                    handler = _RepeatGuard(sig, self._signalled_at)
                 signal.signal(sig, handler)
         self._saved_handlers = {}
 
@@ -310,6 +429,11 @@ class Run:
             # The kernel repeats SIGXCPU every second past the soft limit: the same
             # warning, not someone insisting.
             return
+        if _same_request(self._signalled, self._signalled_at, signum):
+            # GNU timeout signals the child and then its process group, a supervisor the
+            # group, a user `kill PID` then `kill -PGID`: one request delivered twice
+            # within microseconds, said once, not someone insisting.
+            return
         if self._signalled is not None or self._native.ended:
             # Asked twice (or the loop is stuck between steps): end now, the run's end
             # recorded, then the signal's own default action.
@@ -318,12 +442,14 @@ class Run:
             os.kill(os.getpid(), signum)
             return
         self._signalled = signum
+        self._signalled_at = time.monotonic()
         if self._job is not None:
             # Every rank stops at the same step: the job agrees on it at the next step.
             self._job.on_signal(name)
             self._native.notice_text(
                 f"{name}: the job stops at the next step's agreement, every rank at the same "
-                f"step (a second {name} ends this process at once)",
+                f"step ({name} again within {SAME_SIGNAL_WINDOW_S:g} s is the same request; a "
+                "second signal later ends this process at once)",
                 level="warn",
                 source="signal",
             )
@@ -332,14 +458,28 @@ class Run:
         # Said at once on stderr too (the log and the dashboard have the notice).
         what = (
             f"a step in progress in run.backward() is abandoned at its next micro-batch; "
-            f"the checkpoint will be of step {self._step}"
+            f"{self._stop_saves('will be')}"
             if self._adaptive
-            else f"the loop is asked to stop after step {self._step}"
+            else "the loop is asked to stop at the end of the step in progress; "
+            f"{self._stop_saves('will be', mid_step=True)}"
         )
         # A signal that interrupted a write to stderr makes this one a reentrant call
         # (RuntimeError): the notice in the log still says it.
         with contextlib.suppress(RuntimeError):
             print(f"headroom: {name}: stopping: {what}", file=sys.stderr, flush=True)
+
+    def _stop_saves(self, verb: str, mid_step: bool = False) -> str:
+        """What a stop saves: the last completed step (a watch-only loop's step in
+        progress, when asked mid-step: the loop finishes it), through on_checkpoint, or
+        nothing, said as such (never a checkpoint that will not be taken)."""
+        if self._on_checkpoint is not None and mid_step and not self._adaptive:
+            return f"the checkpoint {verb} taken at the end of the step in progress"
+        if self._on_checkpoint is not None:
+            return f"the checkpoint {verb} of step {self._step}"
+        return (
+            "no checkpoint is taken: this run has no on_checkpoint (give "
+            "headroom.Run(on_checkpoint=fn), fn(step) saving and returning the path)"
+        )
 
     def _ask_checkpoint(self, name: str) -> None:
         """A user signal set to "checkpoint": on_checkpoint at the end of the step in
@@ -380,8 +520,8 @@ class Run:
         took = time.perf_counter() - self._boundary_t
         self._native.notice_text(
             f"{name}: step {self._step + 1} abandoned after {done} of {samples} samples "
-            f"({took:.1f} s in): its partial gradients are dropped; the checkpoint is of step "
-            f"{self._step}, and a resume redoes step {self._step + 1}",
+            f"({took:.1f} s in): its partial gradients are dropped; {self._stop_saves('is')}, "
+            f"and a resume redoes step {self._step + 1}",
             level="warn",
             source="signal",
         )
@@ -469,7 +609,7 @@ class Run:
 
     def report(
         self,
-        loss: float | torch.Tensor,
+        loss: float | torch.Tensor | None,
         *,
         samples: int | None = None,
         seq_len: int = 1,
@@ -477,13 +617,21 @@ class Run:
         grad_norm: float | None = None,
     ) -> None:
         """Ends a step of a loop that trains by itself: its loss, its peak memory (since
-        the last report), then the dashboard's commands (pause waits here)."""
+        the last report), then the dashboard's commands (pause waits here).
+
+        The loss is a number or a one-element tensor, or None for a step that has none.
+        As in an adaptive run, a NaN or infinite loss raises :class:`LossError` (here after
+        the step is recorded, its loss missing: the loop has already applied it)."""
         if self._adaptive:
             raise RunError(
                 "this run is adaptive: its steps end with run.step(optimizer), not "
                 "run.report(); create the run without effective_batch= to only watch"
             )
-        value = _scalar(loss, "the loss given to run.report()")
+        value = math.nan if loss is None else _scalar(loss, "the loss given to run.report()")
+        samples = _args.optional_whole("run.report(samples=)", samples, 1, 32)
+        seq_len = _args.whole("run.report(seq_len=)", seq_len, 1, 1)
+        lr = _args.optional_number("run.report(lr=)", lr)
+        grad_norm = _args.optional_number("run.report(grad_norm=)", grad_norm)
         step = self._step + 1
         now = time.perf_counter()
         dt = now - self._boundary_t
@@ -492,10 +640,20 @@ class Run:
         self._native.observe(step, n, seq_len, peak)
         if self._plan is not None:
             self._native.plan_check(step, n, self._plan.predict(n), peak)
-        self._native.step(step, value, n, n, seq_len, dt, n * seq_len, _opt(lr), _opt(grad_norm))
-        if not math.isfinite(value):
-            self.notice(f"step {step}: the loss is {value}", level="warn")
+        self._native.step(step, value, n, n, seq_len, dt, n * seq_len, lr, grad_norm)
         self._step = step
+        if loss is not None and not math.isfinite(value):
+            error = (
+                f"step {step}: the loss given to run.report() is {value} (training diverged, "
+                "or the data holds a NaN/inf); the step is recorded without a loss. Lower the "
+                "learning rate or check the batch"
+            )
+            self._native.notice_text(error, level="error", source="python")
+            failure = LossError(error)
+            if self._job is not None:
+                # The other ranks learn it at this step's agreement, not by waiting there.
+                self._job_fail(step, failure)
+            raise failure
         if self._job is not None:
             self._job_note(n, peak, dt, value)
             self._job_agreed(step, self._job.agree(step))
@@ -544,6 +702,20 @@ class Run:
             )
         if reduction not in ("mean", "sum"):
             raise ValueError(f'reduction={reduction!r}: use "mean" or "sum"')
+        _args.callback(
+            "run.backward(batch, loss_fn)'s loss_fn",
+            loss_fn,
+            "a function of a micro-batch returning its loss, e.g. lambda mb: model.loss(mb)",
+        )
+        if loss_fn is None:
+            raise TypeError(
+                "run.backward(batch, loss_fn): loss_fn is None; give a function of a "
+                "micro-batch returning its loss, e.g. lambda mb: model.loss(mb)"
+            )
+        _args.callback("run.backward(split=)", split, "a function split(batch, start, end)")
+        _args.callback("run.backward(backward=)", backward, "a function of the weighted loss")
+        samples = _args.optional_whole("run.backward(samples=)", samples, 1, 32)
+        seq_len = _args.optional_whole("run.backward(seq_len=)", seq_len, 1, 128)
         if self._job is None:
             _refuse_distributed()
         job = self._job
@@ -557,6 +729,7 @@ class Run:
             cut = split
         if n < 1:
             raise _batch.BatchError("the batch holds no samples")
+        self._say_batch_size(self._step + 1, n)
         seq = seq_len or (_batch.seq_len_of(batch) if split is None else 1)
         step = self._step + 1
         t0 = time.perf_counter()
@@ -607,8 +780,8 @@ class Run:
         where = f"after {here.done} of {here.samples} samples on this rank " if here else ""
         self._native.notice_text(
             f"step {step} given up by every rank of the job {where}(a stop signal): its "
-            f"partial gradients are dropped; the checkpoint is of step {self._step}, and a "
-            f"resume redoes step {step}",
+            f"partial gradients are dropped; {self._stop_saves('is')}, and a resume redoes "
+            f"step {step}",
             level="warn",
             source="signal",
         )
@@ -689,6 +862,8 @@ class Run:
         :meth:`backward`): ``scaler.step(optimizer)`` and ``scaler.update()``; a step it
         skips for inf/NaN gradients is said on the dashboard and not fed to the
         controller (its peak lacks the optimizer's update)."""
+        _args.optimizer(optimizer)
+        grad_norm = _args.optional_number("run.step(grad_norm=)", grad_norm)
         if self._accumulated is None:
             raise RunError(
                 "run.step(optimizer) without run.backward(batch, loss_fn) before it: there "
@@ -731,7 +906,7 @@ class Run:
             _torch.free_memory(self.device)
         dt = time.perf_counter() - t0
         lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
-        self._native.step(step, value, mb, n, seq, dt, n * seq, _opt(lr), _opt(grad_norm))
+        self._native.step(step, value, mb, n, seq, dt, n * seq, _opt(lr), grad_norm)
         self._step = step
         if self._job is not None:
             self._job_note(next_mb, peak, dt, value)
@@ -1148,14 +1323,23 @@ def _opt(x: Any) -> float | None:
 
 
 def _scalar(x: Any, what: str) -> float:
+    """A loss as a float: a number or a one-element tensor. A string is refused even
+    when it reads as a number ("nan", "0.5"): a loop that hands one is mistaken."""
     if isinstance(x, torch.Tensor):
         if x.numel() != 1:
-            raise LossError(f"{what} has shape {tuple(x.shape)}; give a scalar")
+            raise LossError(
+                f"{what} is a tensor of shape {tuple(x.shape)}; give a scalar (e.g. the "
+                "loss's .mean())"
+            )
         return float(x.detach())
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        raise LossError(f"{what} is {type(x).__name__}; give a number or a 0-d tensor") from None
+    if not isinstance(x, (str, bytes, bool)):
+        try:
+            return float(x)
+        except (TypeError, ValueError):
+            pass
+    raise LossError(
+        f"{what} is {_args._got(x)}; give a number (a float) or a one-element tensor"
+    ) from None
 
 
 def _check_loss(loss: Any, step: int, start: int, end: int) -> None:

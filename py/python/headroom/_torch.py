@@ -239,18 +239,54 @@ class CudaAllocator:
 _FUSABLE = ("Adam", "AdamW", "SGD", "Adagrad")
 
 
-def optimizer_advice(opt: torch.optim.Optimizer) -> str | None:
-    """What to say, once, about whether `opt.step()` can be made all-or-nothing."""
-    name = type(opt).__name__
-    if name in _FUSABLE and type(opt).__module__.startswith("torch.optim"):
-        if all(g.get("fused") for g in opt.param_groups):
+def unwrap_optimizer(opt: Any) -> Any:
+    """The optimizer under a framework's wrapper (Lightning's ``LightningOptimizer``,
+    accelerate's ``AcceleratedOptimizer``, Fabric's): the one whose update runs."""
+    seen = set()
+    while id(opt) not in seen:
+        seen.add(id(opt))
+        inner = getattr(opt, "_optimizer", None)
+        if inner is None:
+            inner = getattr(opt, "optimizer", None)
+        if inner is None or not hasattr(inner, "param_groups"):
+            break
+        opt = inner
+    return opt
+
+
+def optimizer_name(opt: Any) -> str:
+    """The optimizer as its user wrote it: ``torch.optim.AdamW``, ``mypkg.Lion``."""
+    opt = unwrap_optimizer(opt)
+    kind = type(opt)
+    if kind.__module__.startswith("torch.optim") and hasattr(torch.optim, kind.__name__):
+        return f"torch.optim.{kind.__name__}"
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def is_fused(opt: Any) -> bool:
+    """Whether every parameter group of the (unwrapped) optimizer runs the fused update."""
+    opt = unwrap_optimizer(opt)
+    return bool(opt.param_groups) and all(g.get("fused") for g in opt.param_groups)
+
+
+def optimizer_advice(opt: Any) -> str | None:
+    """What to say, once, about whether `opt.step()` can be made all-or-nothing: of the
+    optimizer the user made (under any framework's wrapper), and only where it is true."""
+    if getattr(opt, "headroom_steps_it", True) is False:
+        # A framework stepped it already (the HF Trainer): headroom's undo never runs.
+        return None
+    inner = unwrap_optimizer(opt)
+    name = optimizer_name(inner)
+    kind = type(inner).__name__
+    if kind in _FUSABLE and name.startswith("torch.optim."):
+        if is_fused(inner):
             return None
         return (
-            f"torch.optim.{name} without fused=True allocates parameter-sized temporaries "
-            "in the middle of its update, so an out-of-memory error there cannot be undone "
-            "(headroom would stop with OptimizerStepFailed rather than train on "
-            f"half-updated parameters); torch.optim.{name}(..., fused=True) allocates none "
-            "once the update begins, and makes every step all-or-nothing"
+            f"{name} without fused=True allocates parameter-sized temporaries in the middle "
+            "of its update, so an out-of-memory error there cannot be undone (headroom would "
+            f"stop with OptimizerStepFailed rather than train on half-updated parameters); "
+            f"{name}(..., fused=True) allocates none once the update begins, and makes every "
+            "step all-or-nothing"
         )
     return (
         f"{name}.step(): headroom undoes an out-of-memory error that strikes before the "

@@ -29,20 +29,24 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from accelerate.utils import DistributedType
 
-from . import _batch
-from ._run import Run, RunError
+from . import _batch, _torch
+from ._run import Run, RunError, _default_name
 
 __all__ = ["Watch", "adapt"]
 
 
 class _SteppedByFramework:
     """What `Run.step` is handed when the framework has already stepped the optimizer
-    itself: its step and zero_grad are the framework's, so here they do nothing; the
-    learning rate is the one the step used."""
+    itself: its step and zero_grad are the framework's, so here they do nothing (and
+    headroom says nothing about undoing them: it never runs them); the learning rate is
+    the one the step used, the state the framework's optimizer's (what the step's fixed
+    memory is made of)."""
 
-    def __init__(self, lr: float | None):
+    headroom_steps_it = False
+
+    def __init__(self, lr: float | None, optimizer: Any = None):
         self.param_groups = [] if lr is None else [{"params": [], "lr": lr}]
-        self.state: dict = {}
+        self.state: dict = getattr(optimizer, "state", None) or {}
 
     def step(self) -> None:
         pass
@@ -114,9 +118,10 @@ class Watch(TrainerCallback):
     # ---- the run -------------------------------------------------------------------------
 
     def _make_run(self, args, state, model, **extra) -> Run:
-        name = self._name or args.run_name or os.path.basename(os.path.normpath(args.output_dir))
         kw = {"total_steps": int(state.max_steps or 0), **extra, **self._run_kwargs}
-        return Run(name or None, model=model, on_checkpoint=self._ask_checkpoint, **kw)
+        return Run(
+            _run_name(self._name, args), model=model, on_checkpoint=self._ask_checkpoint, **kw
+        )
 
     def _ask_checkpoint(self, step: int) -> None:
         # The save itself is the Trainer's (at this step's end, as checkpoint-N, with the
@@ -146,7 +151,8 @@ class Watch(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         loss, samples, seq_len = self._tap.take()
         if loss is None:
-            loss = self._last_loss if self._last_loss is not None else float("nan")
+            # A model that returns no loss: the Trainer's last logged one, else none.
+            loss = self._last_loss
         self.run.report(loss, samples=samples or None, seq_len=seq_len, lr=self._lr)
         self._carry_out(control)
 
@@ -195,7 +201,16 @@ class _Adaptive(Watch):
             # batch after the ranks agree, so one rank's OOM never strands the others.
             model = self.trainer.model_wrapped
         self.run = self._make_run(args, state, model, **kw)
+        self._optimizer = kwargs.get("optimizer") or self.trainer.optimizer
+        if self._optimizer is not None:
+            self.run.notice(
+                f"the optimizer step is the Trainer's ({_torch.optimizer_name(self._optimizer)}"
+                f"{', fused' if _torch.is_fused(self._optimizer) else ''}): headroom splits "
+                "forward and backward into micro-batches and retries an out-of-memory error "
+                "there; one inside the Trainer's optimizer.step() is not retried"
+            )
 
+    _optimizer: Any = None
     shares: bool | None = None  # whether the loss honours num_items_in_batch (probed once)
 
     def end_step(self) -> None:
@@ -204,7 +219,7 @@ class _Adaptive(Watch):
         holds the optimizer's update)."""
         run = self.run
         if run is not None and run._accumulated is not None:
-            run.step(_SteppedByFramework(self._lr), zero_grad=False)
+            run.step(_SteppedByFramework(self._lr, self._optimizer), zero_grad=False)
 
     def on_step_end(self, args, state, control, **kwargs):
         self.end_step()
@@ -213,6 +228,18 @@ class _Adaptive(Watch):
     def on_train_end(self, args, state, control, **kwargs):
         self.end_step()
         super().on_train_end(args, state, control, **kwargs)
+
+
+def _run_name(given: str | None, args) -> str:
+    """The run's name: the callback's `name=`, else `TrainingArguments(run_name=)` when the
+    script set one, else the script's name, as for any run (docs/PYTHON.md, `Run`). Not
+    output_dir's last folder: "out" or "checkpoints" names nothing."""
+    if given:
+        return given
+    run_name = getattr(args, "run_name", None)
+    if run_name and os.path.normpath(run_name) != os.path.normpath(str(args.output_dir)):
+        return run_name
+    return _default_name()
 
 
 def adapt(trainer: transformers.Trainer, **run_kwargs: Any) -> transformers.Trainer:

@@ -83,9 +83,8 @@ class Watch(pl.Callback):
         self.run = self._make_run(trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        # None: a training_step that returned no loss (a skipped batch): none reported.
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if loss is None:
-            loss = float("nan")
         try:
             samples, seq_len = _batch.size_of(batch), _batch.seq_len_of(batch)
         except _batch.BatchError:

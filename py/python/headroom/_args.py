@@ -1,0 +1,195 @@
+"""Checks of what a loop hands headroom: each error names the argument, what it got and
+what it takes (docs/PYTHON.md, "Errors"). A wrong type is a TypeError, a value out of
+range a ValueError, both raised before anything else happens (no previous run is
+finished, no socket opened, no hard cap set)."""
+
+from __future__ import annotations
+
+import operator
+import os
+from typing import Any
+
+import torch
+
+
+def _got(v: Any) -> str:
+    """What was given, as an error says it: the value and, where it is not obvious, its
+    type ("'64' (a str)")."""
+    text = repr(v)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    kind = type(v).__name__
+    if isinstance(v, torch.nn.Module):
+        return f"a {kind} (a torch.nn.Module)"
+    if isinstance(v, torch.optim.Optimizer):
+        return f"a {kind} (a torch.optim.Optimizer)"
+    if isinstance(v, torch.Tensor):
+        return f"a tensor of shape {tuple(v.shape)}"
+    return f"{text} (a {kind})"
+
+
+def whole(what: str, v: Any, least: int, example: int = 64) -> int:
+    """A whole number ≥ `least` (an int, or anything with __index__, as numpy's)."""
+    if isinstance(v, bool):
+        n = None
+    else:
+        try:
+            n = operator.index(v)
+        except TypeError:
+            n = None
+    if n is None:
+        raise TypeError(
+            f"{what}: got {_got(v)}; give a whole number ≥ {least} as an int, e.g. "
+            f"{what}={max(example, least)}"
+        )
+    if n < least:
+        raise ValueError(f"{what}={n}: give a whole number ≥ {least}")
+    return n
+
+
+def optional_whole(what: str, v: Any, least: int, example: int = 64) -> int | None:
+    return None if v is None else whole(what, v, least, example)
+
+
+def flag(what: str, v: Any) -> bool:
+    """True or False: a string such as "no" would otherwise read as true."""
+    if not isinstance(v, bool):
+        raise TypeError(f"{what}: got {_got(v)}; give True or False")
+    return v
+
+
+def number(what: str, v: Any, *, positive: bool = False) -> float:
+    """A real number (an int, a float, a one-element tensor); never a string."""
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        v = v.item()
+    if isinstance(v, (str, bytes, bool)) or not _real(v):
+        raise TypeError(f"{what}: got {_got(v)}; give a number")
+    x = float(v)
+    if positive and not x > 0:
+        raise ValueError(f"{what}={x:g}: give a number > 0")
+    return x
+
+
+def optional_number(what: str, v: Any) -> float | None:
+    """A figure the loop may not know: None is sent as null, never as a made-up 0."""
+    return None if v is None else number(what, v)
+
+
+def _real(v: Any) -> bool:
+    try:
+        float(v)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def name(v: Any) -> str | None:
+    """The run's name: a string. A model given first (`Run(model)`) is the usual slip."""
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, torch.nn.Module):
+        raise TypeError(
+            f"headroom.Run(name, ...): the first argument is the run's name and got "
+            f'{_got(v)}; give the model by keyword: headroom.Run("my-run", model=model)'
+        )
+    raise TypeError(f'name: got {_got(v)}; give the run\'s name as a str, e.g. "gpt"')
+
+
+def model(v: Any) -> None:
+    if v is not None and not isinstance(v, torch.nn.Module):
+        raise TypeError(f"model: got {_got(v)}; give the torch.nn.Module you train (or None)")
+
+
+def device(v: Any) -> Any:
+    """What torch.device takes; torch's own error (its list of every device type) is
+    replaced by what headroom measures."""
+    if v is None or isinstance(v, torch.device):
+        return v
+    if not isinstance(v, (str, int)) or isinstance(v, bool):
+        raise TypeError(f'device: got {_got(v)}; give "cpu", "cuda", "cuda:N" or a torch.device')
+    try:
+        return torch.device(v)
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(
+            f'device={v!r} is not a device torch knows; give "cpu", "cuda", "cuda:N" '
+            "or a torch.device"
+        ) from None
+
+
+def memory_budget(v: Any) -> str | None:
+    """A size ("2GiB", "1.5GB"), bytes as an int, or "auto"; as the string Rust parses."""
+    if v is None or v == "":
+        return None
+    if isinstance(v, str):
+        return v
+    if isinstance(v, bool):
+        pass
+    elif isinstance(v, int):
+        if v < 1:
+            raise ValueError(f'memory_budget={v}: give a size > 0, e.g. memory_budget="2GiB"')
+        return str(v)
+    raise TypeError(
+        f'memory_budget: got {_got(v)}; give a size as a string ("2GiB", "512MiB"), bytes '
+        'as an int, or "auto" (CPU)'
+    )
+
+
+THRESHOLDS_FORMAT = (
+    "four ascending fractions of the limit (target, warning, critical, emergency), as a "
+    'string "0.9,0.92,0.95,0.97" or a tuple (0.9, 0.92, 0.95, 0.97)'
+)
+
+
+def thresholds(v: Any) -> str | None:
+    """The string Rust parses, from a string or four numbers (what run.thresholds gives)."""
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, (tuple, list)) and len(v) == 4:
+        try:
+            return ",".join(repr(number("thresholds", x)) for x in v)
+        except TypeError:
+            pass
+    raise TypeError(f"thresholds: got {_got(v)}; give {THRESHOLDS_FORMAT}")
+
+
+def profile(v: Any) -> str | None:
+    if v is None or isinstance(v, str):
+        return v
+    raise TypeError(
+        f'profile: got {_got(v)}; give "aggressive", "balanced" or "conservative" as a str'
+    )
+
+
+def path(what: str, v: Any) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, (str, os.PathLike)):
+        return os.fspath(v)
+    raise TypeError(f"{what}: got {_got(v)}; give a file path (a str or a pathlib.Path)")
+
+
+def listen(v: Any) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool)):
+        return str(v)
+    raise TypeError(f'listen: got {_got(v)}; give a port (8123) or "HOST:PORT"')
+
+
+def callback(what: str, v: Any, takes: str) -> None:
+    if v is not None and not callable(v):
+        raise TypeError(f"{what}: got {_got(v)}; give {takes}")
+
+
+def optimizer(v: Any) -> None:
+    """What run.step() steps: anything with param_groups and step() (a torch.optim
+    optimizer, or a framework's wrapper of one)."""
+    if hasattr(v, "param_groups") and callable(getattr(v, "step", None)):
+        return
+    hint = ""
+    if isinstance(v, torch.nn.Module):
+        hint = " (the model, not its optimizer)"
+    raise TypeError(
+        f"run.step(optimizer): got {_got(v)}{hint}; give the optimizer that updates the "
+        "model, e.g. opt = torch.optim.AdamW(model.parameters()); run.step(opt)"
+    )
