@@ -190,11 +190,11 @@ pub fn set_hard_limit(budget: u64) -> Result<u64, String> {
 /// no cap was set.
 static BEFORE_CAP: AtomicU64 = AtomicU64::new(0);
 
-/// The hard cap lifted for as long as this lives, then put back as it was: for the
-/// give-up's checkpoint. The cap exists to make training's allocations fail where the
-/// controller can recover; once a run gives up, saving its last completed step is all
-/// that is left, and it may need what the cap holds back (a Python `on_checkpoint`'s
-/// own objects, libtorch's copies).
+/// The hard cap lifted for as long as this lives, then put back as it was: for a Python
+/// run's give-up, whose checkpoint is the user's `on_checkpoint` (Python objects and
+/// torch's copies, which the cap counts, unlike headroom's own allocations). The cap
+/// exists to make training's allocations fail where the controller can recover; once a
+/// run gives up, saving its last completed step is all that is left.
 pub struct CapLifted {
     cap: libc::rlimit,
 }

@@ -45,6 +45,16 @@ _current_lock = threading.Lock()
 _uncaught: list[BaseException] = []
 
 
+def _dropped(done: int, samples: int) -> str:
+    """What a stop drops of a step given up after `done` of its `samples`: its gradients
+    are partial only when some samples were through and some still to come."""
+    if done == 0:
+        return "nothing of it had been computed"
+    if done >= samples:
+        return "its gradients, complete but not yet applied, are dropped"
+    return "its partial gradients are dropped"
+
+
 def _excepthook(kind, value, tb):
     _uncaught.append(value)
     _previous_excepthook(kind, value, tb)
@@ -228,6 +238,8 @@ class Run:
                 [p for p in model.parameters() if p.requires_grad] if model is not None else []
             )
             self._hard_limit = bool(hard_limit)
+            if self._hard_limit and not cuda:
+                _torch.start_thread_pools()
             self._on_checkpoint = on_checkpoint
             self._adaptive = effective_batch is not None
             self._effective = effective_batch or 0
@@ -520,7 +532,7 @@ class Run:
         took = time.perf_counter() - self._boundary_t
         self._native.notice_text(
             f"{name}: step {self._step + 1} abandoned after {done} of {samples} samples "
-            f"({took:.1f} s in): its partial gradients are dropped; {self._stop_saves('is')}, "
+            f"({took:.1f} s in): {_dropped(done, samples)}; {self._stop_saves('is')}, "
             f"and a resume redoes step {self._step + 1}",
             level="warn",
             source="signal",
@@ -778,10 +790,10 @@ class Run:
         no loss, and run.step applies nothing."""
         self._clear_grads()
         where = f"after {here.done} of {here.samples} samples on this rank " if here else ""
+        dropped = _dropped(here.done, here.samples) if here else "its gradients are dropped"
         self._native.notice_text(
-            f"step {step} given up by every rank of the job {where}(a stop signal): its "
-            f"partial gradients are dropped; {self._stop_saves('is')}, and a resume redoes "
-            f"step {step}",
+            f"step {step} given up by every rank of the job {where}(a stop signal): "
+            f"{dropped}; {self._stop_saves('is')}, and a resume redoes step {step}",
             level="warn",
             source="signal",
         )
@@ -827,8 +839,8 @@ class Run:
             if retry is None:
                 raise OutOfMemory(
                     f"step {step} ran out of memory at micro-batch {mb} ({seq} tokens per "
-                    f"sample) repeatedly: {failed}. Give the run more memory or make a "
-                    "sample smaller"
+                    f"sample) repeatedly: {failed}; {self._save_on_give_up()}. Give the run "
+                    "more memory or make a sample smaller"
                 )
             if restart:
                 # The backward had already added part of this micro-batch's gradients:
@@ -953,6 +965,31 @@ class Run:
                 source="memory",
             )
         raise OutOfMemory(f"step {step}: optimizer.step() ran out of memory three times")
+
+    def _save_on_give_up(self) -> str:
+        """As `headroom train` does when it gives up: the last completed step saved through
+        on_checkpoint (its parameters and optimizer state are untouched by the step given
+        up), with the hard cap lifted meanwhile, since the cap is for training's
+        allocations and the callback's own objects may need what it holds back. Returns
+        what became of the save, for the error."""
+        if self._on_checkpoint is None:
+            return "no checkpoint was taken (pass on_checkpoint=fn to have one)"
+        if self._job is not None:
+            return "no checkpoint was taken (under torchrun a save is every rank's together)"
+        lifted = _native.lift_cap()
+        try:
+            path = self._on_checkpoint(self._step)
+        except Exception as e:
+            return f"the checkpoint failed too: {type(e).__name__}: {e}"
+        finally:
+            if lifted:
+                _native.restore_cap()
+        where = "" if path is None else f" at {os.fspath(path)}"
+        if path is not None:
+            self._native.checkpoint_saved(self._step, os.fspath(path))
+        said = f"the state after step {self._step} is saved by on_checkpoint{where}"
+        self._native.notice_text(said, level="warn", source="checkpoint")
+        return said
 
     def _say_skipped(self, step: int, scales: tuple[float, float]) -> int:
         """Says the scaler skipped `step`; the micro-batch stays as it is."""

@@ -158,6 +158,13 @@ def memory_parts(model: Any, optimizer: Any) -> tuple[int, int, int]:
     return p, g, o
 
 
+def start_thread_pools() -> None:
+    """Starts torch's CPU thread pool now, before a hard cap is set: each of its threads'
+    stacks is memory the cap counts, and a pool sized by the machine's cores, started
+    under the cap, would take the budget's room or fail to start."""
+    torch.ones(1 << 17).mul_(2.0)
+
+
 def free_memory(d: torch.device) -> None:
     """Drops what a failed attempt left (its frames are gone once the exception is), and
     returns cached memory: the CUDA cache, or glibc's free heap pages."""
