@@ -110,16 +110,19 @@ fn in_a_child(test: &str) -> String {
 }
 
 /// Threads that allocate at once under a full cap: the spare pages' lock keeps their
-/// blocks apart. The threads start before the cap is filled (a thread's stack is a
-/// private mapping, like the run's own threads, which exist before it trains).
+/// blocks apart. The threads have started before the cap is filled (a thread's stack and
+/// the signal stack Rust maps as it starts are private mappings, like the run's own
+/// threads, which exist before it trains).
 #[test]
 fn threads_allocating_at_once_under_a_full_cap_keep_their_blocks_apart() {
     if std::env::var_os(CHILD).is_some() {
+        let started = std::sync::Arc::new(std::sync::Barrier::new(5));
         let barrier = std::sync::Arc::new(std::sync::Barrier::new(5));
         let threads: Vec<_> = (0..4u64)
             .map(|t| {
-                let barrier = barrier.clone();
+                let (started, barrier) = (started.clone(), barrier.clone());
                 std::thread::spawn(move || {
+                    started.wait();
                     barrier.wait();
                     let mut kept = Vec::new();
                     for i in 0..20_000u64 {
@@ -133,6 +136,7 @@ fn threads_allocating_at_once_under_a_full_cap_keep_their_blocks_apart() {
                 })
             })
             .collect();
+        started.wait();
         fill_cap();
         barrier.wait();
         for t in threads {
