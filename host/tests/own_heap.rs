@@ -63,7 +63,10 @@ fn child() {
     for align in [16usize, 256, 4096, 1 << 16] {
         let l = Layout::from_size_align(100, align).unwrap();
         let p = unsafe { std::alloc::alloc_zeroed(l) };
-        assert!(!p.is_null() && p as usize % align == 0, "align {align}");
+        assert!(
+            !p.is_null() && (p as usize).is_multiple_of(align),
+            "align {align}"
+        );
         assert!((0..100).all(|i| unsafe { *p.add(i) } == 0));
         unsafe { std::alloc::dealloc(p, l) };
     }
