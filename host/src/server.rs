@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::{bounded, select, Receiver, Sender, TrySendError};
 use headroom_core::protocol::{
-    check_version, code, version_string, CatchUp, CatchUpLimits, ClientLine, JobRank,
+    check_version, code, version_string, CatchUp, CatchUpLimits, ClientHello, ClientLine, JobRank,
     ServerControl, ServerHello, Want, MAX_CLIENT_LINE,
 };
 use headroom_core::{Bus, Command, Level, Notice, Record, Telemetry};
@@ -507,69 +507,81 @@ fn linger_close(conn: &mut Conn) {
     conn.close();
 }
 
-/// The whole life of one connection: checks, handshake, then writer (this thread) and
-/// reader (a second thread).
+/// The whole life of one connection: the handshake, then a status answer or the stream.
 fn serve_viewer(mut conn: Conn, id: u64, shared: Arc<Shared>) {
     let peer = conn.peer();
+    let Some((hello, reader)) = handshake(&mut conn, &peer, &shared) else {
+        return;
+    };
+    if hello.want == Want::Status {
+        answer_status(conn, &shared);
+        return;
+    }
+    attach(conn, reader, peer, id, shared);
+}
+
+/// Checks who connects and reads their hello: the peer's uid on a Unix socket, the hello
+/// within [`HELLO_TIMEOUT`], the protocol's version and, over TCP, the run's token. A
+/// connection that fails a check is told why and closed (`None`); one that passes
+/// comes back with its hello and the reader of what it sends next.
+fn handshake(
+    conn: &mut Conn,
+    peer: &str,
+    shared: &Shared,
+) -> Option<(ClientHello, BufReader<Conn>)> {
     if let Some(uid) = conn.peer_uid() {
         if uid != rundir::uid() {
             notice(
-                &shared,
+                shared,
                 Level::Warn,
                 format!("refused a connection from uid {uid}: only the run's owner may attach"),
             );
-            refuse(
-                &mut conn,
-                code::FORBIDDEN,
-                "only the run's owner may connect",
-            );
-            return;
+            refuse(conn, code::FORBIDDEN, "only the run's owner may connect");
+            return None;
         }
     }
     let _ = conn.set_write_timeout(Some(WRITE_TIMEOUT));
     let _ = conn.set_read_timeout(Some(HELLO_TIMEOUT));
-    let Ok(read_half) = conn.try_clone() else {
-        return;
-    };
+    let read_half = conn.try_clone().ok()?;
     let mut reader = BufReader::with_capacity(8192, read_half);
     let hello = match read_line_limited(&mut reader, MAX_CLIENT_LINE) {
         Ok(Some(line)) => ClientLine::parse(&line),
-        Ok(None) => return,
+        Ok(None) => return None,
         Err(e) if e.kind() == io::ErrorKind::InvalidData => {
-            refuse(&mut conn, code::TOO_LONG, &format!("{e}; closing"));
-            return;
+            refuse(conn, code::TOO_LONG, &format!("{e}; closing"));
+            return None;
         }
         Err(_) => {
             refuse(
-                &mut conn,
+                conn,
                 code::HANDSHAKE,
                 "no hello within 5 s: send {\"kind\":\"hello\",\"protocol\":\"1.0\",...} first",
             );
-            return;
+            return None;
         }
     };
     let hello = match hello {
         Ok(ClientLine::Hello(h)) => h,
         Ok(_) => {
             refuse(
-                &mut conn,
+                conn,
                 code::HANDSHAKE,
                 "the first line must be a hello (see docs/PROTOCOL.md)",
             );
-            return;
+            return None;
         }
         Err(e) => {
             refuse(
-                &mut conn,
+                conn,
                 code::HANDSHAKE,
                 &format!("{e}; the first line must be a hello"),
             );
-            return;
+            return None;
         }
     };
     if let Err(e) = check_version(&hello.protocol) {
-        refuse(&mut conn, code::VERSION, &e);
-        return;
+        refuse(conn, code::VERSION, &e);
+        return None;
     }
     if matches!(conn, Conn::Tcp(_)) {
         let ok = match (&shared.token, &hello.token) {
@@ -583,30 +595,37 @@ fn serve_viewer(mut conn: Conn, id: u64, shared: Arc<Shared>) {
                 "a wrong token"
             };
             notice(
-                &shared,
+                shared,
                 Level::Warn,
                 format!("refused a TCP viewer from {peer}: {why}"),
             );
             refuse(
-                &mut conn,
+                conn,
                 code::UNAUTHORIZED,
                 "this address needs the run's token: pass --token-file FILE or set \
                  HEADROOM_TOKEN",
             );
-            return;
+            return None;
         }
     }
-    if hello.want == Want::Status {
-        let (tx, rx) = bounded(1);
-        if shared.joins.send(Join::Status { reply: tx }).is_ok() {
-            if let Ok(line) = rx.recv_timeout(Duration::from_secs(2)) {
-                let hello = ServerControl::Hello(hello_of(&shared, false)).to_line();
-                let _ = send_line(&mut conn, &hello).and_then(|_| send_line(&mut conn, &line));
-            }
+    Some((hello, reader))
+}
+
+/// A `status` hello: the server's hello and the hub's one-line status, then close.
+fn answer_status(mut conn: Conn, shared: &Shared) {
+    let (tx, rx) = bounded(1);
+    if shared.joins.send(Join::Status { reply: tx }).is_ok() {
+        if let Ok(line) = rx.recv_timeout(Duration::from_secs(2)) {
+            let hello = ServerControl::Hello(hello_of(shared, false)).to_line();
+            let _ = send_line(&mut conn, &hello).and_then(|_| send_line(&mut conn, &line));
         }
-        conn.close();
-        return;
     }
+    conn.close();
+}
+
+/// A viewer that passed the handshake joins the hub's stream: its writer on this thread,
+/// its reader of commands on a second one, until either ends.
+fn attach(mut conn: Conn, reader: BufReader<Conn>, peer: String, id: u64, shared: Arc<Shared>) {
     if shared.viewers.fetch_add(1, Ordering::SeqCst) >= MAX_VIEWERS {
         shared.viewers.fetch_sub(1, Ordering::SeqCst);
         refuse(

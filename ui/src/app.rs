@@ -1,32 +1,36 @@
 //! The dashboard's state: everything the screen shows, folded from telemetry. Pure: no
 //! terminal, no clock (time is handed in), so every update is unit-tested.
+//!
+//! The state is one type, [`App`]; what changes it lives beside it: the telemetry fold
+//! (`fold`), what a key does (`input`) and the merging of a command's confirmation into
+//! the entry that announced it (`echo`).
 use std::collections::{BTreeMap, VecDeque};
 
 use headroom_core::units::{fmt_bytes, fmt_count, fmt_duration};
 use headroom_core::{
-    Command, EvalMetrics, Hint, HintKind, Level, Record, RunInfo, RunStatus, RunSummary,
-    SegmentMap, StepMetrics, SystemSample, Telemetry,
+    EvalMetrics, Hint, HintKind, Level, RunInfo, RunStatus, RunSummary, SegmentMap, StepMetrics,
+    SystemSample,
 };
 
-use crate::editor::{next_profile, EditStatus, ThresholdEditor};
-use crate::feed::{Link, ReplayControl};
+use crate::editor::ThresholdEditor;
 use crate::heap::HeapState;
 use crate::history::{History, Merge};
 use crate::job::{rank_of_name, JobView};
-use crate::keys::{dashboard_context, Action, KeyContext};
+use crate::keys::{dashboard_context, KeyContext};
 use crate::mode::{LinkView, Mode, ReplayView};
-use crate::policy::{is_refusal, PolicyState};
-use headroom_core::config::{Checkpointing, ModelSection, Precision};
+use crate::policy::PolicyState;
+use echo::Echo;
+
+mod echo;
+mod fold;
+mod input;
+
+pub use input::{Reaction, READ_ONLY};
 
 /// Points kept per chart; halving keeps the whole run in this budget.
 const HISTORY_POINTS: usize = 512;
 /// Entries kept in the event log.
 const EVENT_LOG_LEN: usize = 500;
-/// A state change and the confirmation of the command that caused it are sent back to
-/// back; records this close in the run's time are one happening.
-const SAME_HAPPENING_S: f64 = 0.25;
-/// What a command key says in a replay.
-pub const READ_ONLY: &str = "commands are disabled in a replay: it only shows the log";
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct LogEntry {
@@ -36,67 +40,6 @@ pub struct LogEntry {
     pub text: String,
     /// Set while this entry announces what a command's confirmation would say again.
     echo: Option<Echo>,
-}
-
-/// A state change the trainer reports just before confirming the command that caused it
-/// (`status: paused`, then `paused after step 8`): one happening, so one line.
-#[derive(Debug, Clone, PartialEq)]
-struct Echo {
-    answers: Answers,
-    merged: Merged,
-}
-
-/// The commands whose confirmation repeats an earlier entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Answers {
-    Pause,
-    Resume,
-    Stop,
-    Thresholds,
-    Pin,
-    FreeCache,
-}
-
-impl Answers {
-    fn of(command: &Command) -> Option<Answers> {
-        Some(match command {
-            Command::Pause => Answers::Pause,
-            Command::Resume => Answers::Resume,
-            Command::Stop => Answers::Stop,
-            Command::SetThresholds { .. } | Command::SetProfile { .. } => Answers::Thresholds,
-            Command::PinMicroBatch { .. } => Answers::Pin,
-            Command::FreeCache => Answers::FreeCache,
-            _ => return None,
-        })
-    }
-}
-
-/// Which words the merged line keeps.
-#[derive(Debug, Clone, PartialEq)]
-enum Merged {
-    /// The confirmation's: it says more (`paused after step 8` over `status: paused`).
-    Answer,
-    /// The entry's own: it already names values, profile and source.
-    Own,
-    /// The confirmation's, between the entry's step and its details.
-    Framed { prefix: String, suffix: String },
-}
-
-/// What the event loop must do after a key.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Reaction {
-    Nothing,
-    Send(Command),
-    /// Leave now, without waiting for the trainer.
-    Exit,
-    /// Hand the terminal back and stop the process until the shell continues it.
-    Suspend,
-    /// Leave an attached view; the run goes on.
-    Detach,
-    /// Steer the replay.
-    Replay(ReplayControl),
-    /// Show this rank of the job: the client switches the panels to its stream.
-    SelectRank(u32),
 }
 
 /// The panel keys like arrows act on; drawn with a highlighted border.
@@ -285,60 +228,6 @@ impl App {
         *self = fresh;
     }
 
-    /// News of the connection: shown, and a reconnect starts the run's state afresh (its
-    /// catch-up follows).
-    pub fn apply_link(&mut self, news: &Link) {
-        match news {
-            Link::Connected { run_id } => {
-                if self.run_t.is_some() || !self.link.is_up() {
-                    self.reset_run();
-                }
-                self.link = LinkView::Up;
-                let text = match self.mode {
-                    Mode::Replay { .. } => format!("replaying {run_id}"),
-                    _ => format!("connected to run {run_id}"),
-                };
-                self.log(Level::Info, text);
-            }
-            Link::Lost { reason } => {
-                self.link = LinkView::Lost {
-                    reason: reason.clone(),
-                    retry: None,
-                };
-                self.confirm_stop = false;
-                self.editor = None;
-                self.log(Level::Warn, format!("connection lost: {reason}"));
-            }
-            Link::Retrying { attempt, in_s } => {
-                let reason = match &self.link {
-                    LinkView::Lost { reason, .. } => reason.clone(),
-                    _ => "not connected".to_string(),
-                };
-                self.link = LinkView::Lost {
-                    reason,
-                    retry: Some((*attempt, *in_s)),
-                };
-            }
-            Link::Closed { reason } => {
-                self.link = LinkView::Closed {
-                    reason: reason.clone(),
-                };
-                self.confirm_stop = false;
-                self.editor = None;
-                self.log(Level::Warn, format!("connection closed: {reason}"));
-            }
-            Link::RankUnreachable { rank, reason } => {
-                if let Some(job) = &mut self.job {
-                    job.unreachable = Some((*rank, reason.clone()));
-                }
-                self.log(
-                    Level::Warn,
-                    format!("rank {rank}'s panels cannot be shown: {reason}"),
-                );
-            }
-        }
-    }
-
     /// The rank whose stream the panels show: a torchrun rank's name ends in `.rankR`.
     pub fn panels_rank(&self) -> Option<u32> {
         rank_of_name(&self.run_name)
@@ -383,469 +272,11 @@ impl App {
         !self.is_over() && !self.is_stopping() && self.link.is_up() && !self.mode.is_replay()
     }
 
-    /// A record of the run: its state folded in at the run's own time, so a catch-up
-    /// burst spreads over the charts as the run lived it.
-    pub fn apply_record(&mut self, record: &Record) {
-        self.run_t = Some(self.run_t.map_or(record.t, |t| t.max(record.t)));
-        self.apply_at(record.t, &record.msg);
-    }
-
-    /// A message at the header's time (the screen's own notices, tests).
-    pub fn apply(&mut self, msg: &Telemetry) {
-        self.apply_at(self.elapsed, msg);
-    }
-
-    /// The screen's own word on the run's latest record (its end): stamped no earlier than
-    /// that record, since a replay's records can run ahead of its clock (`--end`, `G`).
-    pub fn apply_after_latest(&mut self, msg: &Telemetry) {
-        let t = self.run_t.map_or(self.elapsed, |r| r.max(self.elapsed));
-        self.apply_at(t, msg);
-    }
-
-    fn apply_at(&mut self, t: f64, msg: &Telemetry) {
-        self.breakdown.observe(msg);
-        if let Some((level, text)) = self.policy.apply(t, msg) {
-            self.log_at(t, level, text, echo_of(msg));
-        }
-        match msg {
-            Telemetry::RunStarted(info) => {
-                let model = match info.parameters {
-                    0 => "model not given".to_string(),
-                    n => format!("{:.2}M parameters", n as f64 / 1e6),
-                };
-                let steps = match info.total_steps {
-                    0 => format!(
-                        "from step {}, no total given",
-                        fmt_count(info.start_step + 1)
-                    ),
-                    n => format!("steps {}..{}", info.start_step + 1, n),
-                };
-                self.log_t(
-                    t,
-                    Level::Info,
-                    format!(
-                        "run '{}' started on {} ({model}, {steps})",
-                        info.run_name, info.device
-                    ),
-                );
-                self.run_name = info.run_name.clone();
-                self.info = Some(info.clone());
-            }
-            Telemetry::Step(s) => {
-                self.loss.push(s.step as f64, s.loss);
-                self.last_step = Some(s.clone());
-            }
-            Telemetry::Eval(e) => {
-                self.val_loss.push(e.step as f64, e.val_loss);
-                self.log_t(
-                    t,
-                    Level::Info,
-                    format!(
-                        "eval at step {}: val {:.4}, train {:.4}",
-                        e.step, e.val_loss, e.train_loss
-                    ),
-                );
-                self.last_eval = Some(e.clone());
-            }
-            Telemetry::Sample(s) => {
-                self.heap.observe(s.heap.as_ref(), self.step());
-                self.sample = Some(s.clone());
-                if let Some(m) = self.memory_now() {
-                    self.memory.push(t, m.used as f64);
-                }
-            }
-            Telemetry::Segments(map) => self.segments = Some(map.clone()),
-            Telemetry::JobRanks(rows) => match &mut self.job {
-                Some(job) => job.update(rows.clone(), t),
-                None => self.job = Some(JobView::new(rows.clone(), t, self.panels_rank())),
-            },
-            Telemetry::Status { status } => {
-                self.status = *status;
-                self.log_at(
-                    t,
-                    Level::Info,
-                    format!("status: {}", status.label()),
-                    echo_of(msg),
-                );
-            }
-            Telemetry::Notice(n) => self.log_t(t, n.level, format!("[{}] {}", n.source, n.text)),
-            Telemetry::CheckpointSaved { step, path } => {
-                self.log_t(t, Level::Info, format!("checkpoint at step {step}: {path}"))
-            }
-            Telemetry::CommandApplied { command, applied } => {
-                self.command_applied(t, command, applied)
-            }
-            Telemetry::ThresholdsChanged { thresholds, .. } => {
-                // The values sent are in force: the edit is done.
-                if let Some(ed) = &self.editor {
-                    if ed.status == EditStatus::Sent(*thresholds) {
-                        self.editor = None;
-                    }
-                }
-            }
-            Telemetry::Finished(s) => {
-                self.status = RunStatus::Finished;
-                let how = if s.stopped_by_user {
-                    "stopped"
-                } else {
-                    "completed"
-                };
-                let at = match s.total_steps {
-                    0 => format!("step {}", s.steps_done),
-                    n => format!("step {}/{n}", s.steps_done),
-                };
-                self.log_t(t, Level::Info, format!("run {how} at {at}"));
-                self.summary = Some(s.clone());
-            }
-            Telemetry::Hint(h) => {
-                let (level, what) = if h.raised {
-                    self.hints.insert(h.hint, h.clone());
-                    (Level::Warn, "hint")
-                } else {
-                    self.hints.remove(&h.hint);
-                    (Level::Info, "hint cleared")
-                };
-                self.log_t(t, level, format!("{what}: {}: {}", h.hint.label(), h.text));
-            }
-            Telemetry::Failed { reason } => {
-                self.status = RunStatus::Failed;
-                self.failure = Some(reason.clone());
-                self.log_t(t, Level::Error, format!("run failed: {reason}"));
-            }
-            _ => {}
-        }
-    }
-
-    /// Applies a key's action; the caller sends the command, if any.
-    pub fn handle(&mut self, action: Action) -> Reaction {
-        if self.confirm_stop {
-            return self.handle_confirm(action);
-        }
-        if let Some(reaction) = self.handle_editor(action) {
-            return reaction;
-        }
-        if self.mode.is_replay() && sends_command(action) {
-            self.say_read_only();
-            return Reaction::Nothing;
-        }
-        match action {
-            // A viewer leaves; the run goes on. Once it is over there is nothing to leave
-            // running: closing is all `q` does.
-            Action::Quit if self.mode.is_attached() && !self.is_over() => Reaction::Detach,
-            Action::Quit if self.mode != Mode::InProcess => Reaction::Exit,
-            Action::Quit if self.stop_requested || self.is_over() => Reaction::Exit,
-            Action::Quit => {
-                self.stop_requested = true;
-                self.show_help = false;
-                self.editor = None;
-                // Said at once; the trainer gives the step in progress up at its next
-                // micro-batch and saves the last completed one.
-                let text = match self.last_step.as_ref().map(|s| s.step) {
-                    Some(n) => format!(
-                        "stopping: the step in progress is abandoned at its next micro-batch; \
-                         the checkpoint will be of step {n} (q again: quit now)"
-                    ),
-                    None => "stopping: no step has completed yet (q again: quit now)".into(),
-                };
-                self.log(Level::Info, text);
-                Reaction::Send(Command::Stop)
-            }
-            Action::Suspend => Reaction::Suspend,
-            // Decided by the status the trainer confirmed, not by what was last pressed.
-            Action::TogglePause if !self.takes_commands() => Reaction::Nothing,
-            Action::TogglePause => match self.status {
-                RunStatus::Running => Reaction::Send(Command::Pause),
-                RunStatus::Paused => Reaction::Send(Command::Resume),
-                _ => Reaction::Nothing,
-            },
-            Action::Checkpoint if self.takes_commands() => Reaction::Send(Command::Checkpoint),
-            Action::Checkpoint => Reaction::Nothing,
-            Action::ToggleHelp => {
-                self.show_help = !self.show_help;
-                Reaction::Nothing
-            }
-            Action::ToggleEvents => {
-                self.show_events = !self.show_events;
-                self.show_help = false;
-                Reaction::Nothing
-            }
-            // The topmost overlay first: help, then the event list.
-            Action::Back if self.show_help => {
-                self.show_help = false;
-                Reaction::Nothing
-            }
-            Action::Back => {
-                self.show_events = false;
-                Reaction::Nothing
-            }
-            Action::FocusNext => {
-                self.focus = self.focus.shifted(1);
-                Reaction::Nothing
-            }
-            Action::FocusPrev => {
-                self.focus = self.focus.shifted(-1);
-                Reaction::Nothing
-            }
-            Action::Scroll(by) if self.focus == Focus::Events || self.show_events => {
-                let max = self.events.len().saturating_sub(1);
-                self.event_scroll = self
-                    .event_scroll
-                    .saturating_add_signed(by as isize)
-                    .min(max);
-                Reaction::Nothing
-            }
-            Action::Scroll(_) => Reaction::Nothing,
-            Action::ScrollTop => {
-                self.event_scroll = 0;
-                Reaction::Nothing
-            }
-            Action::CycleWindow => {
-                self.window = self.window.next();
-                Reaction::Nothing
-            }
-            Action::EditThresholds if self.takes_commands() => {
-                self.show_help = false;
-                // Starts from what is in force; before the trainer reported any, from the
-                // default it will most likely report.
-                let start = self.policy.thresholds.unwrap_or_default();
-                self.editor = Some(ThresholdEditor::new(start));
-                Reaction::Nothing
-            }
-            Action::CycleProfile if self.takes_commands() => {
-                let next = next_profile(self.policy.profile);
-                Reaction::Send(Command::SetProfile { profile: next })
-            }
-            Action::TogglePin if self.policy.pinned && self.takes_commands() => {
-                Reaction::Send(Command::Unpin)
-            }
-            Action::TogglePin => self.pin_at(|n| n),
-            Action::DoubleBatch => self.pin_at(|n| n.saturating_mul(2)),
-            Action::HalveBatch => self.pin_at(|n| n / 2),
-            Action::FreeCache if self.takes_commands() => Reaction::Send(Command::FreeCache),
-            Action::TogglePrecision if self.takes_commands() => {
-                self.toggle_lever(|m| Command::SetPrecision {
-                    precision: match m.precision {
-                        Precision::Fp32 => Precision::Bf16,
-                        Precision::Bf16 => Precision::Fp32,
-                    },
-                })
-            }
-            Action::ToggleCheckpointing if self.takes_commands() => {
-                self.toggle_lever(|m| Command::SetCheckpointing {
-                    checkpoint: if m.checkpoint.is_on() {
-                        Checkpointing::None
-                    } else {
-                        Checkpointing::Blocks
-                    },
-                })
-            }
-            Action::StopRun if self.mode.is_attached() && self.takes_commands() => {
-                self.confirm_stop = true;
-                self.show_help = false;
-                self.editor = None;
-                Reaction::Nothing
-            }
-            Action::Replay(control) if self.mode.is_replay() => Reaction::Replay(control),
-            Action::ShiftRank(by) => match self.job.as_ref().and_then(|j| j.shifted(by)) {
-                Some(rank) => self.select_rank(rank),
-                None => Reaction::Nothing,
-            },
-            Action::PickRank(rank) => self.select_rank(rank),
-            Action::StopRun | Action::Replay(_) | Action::Confirm(_) => Reaction::Nothing,
-            // A finished run takes no commands; the editor's keys need the editor.
-            Action::EditThresholds
-            | Action::CycleProfile
-            | Action::FreeCache
-            | Action::TogglePrecision
-            | Action::ToggleCheckpointing
-            | Action::SelectThreshold(_)
-            | Action::AdjustThreshold(_)
-            | Action::ApplyThresholds => Reaction::Nothing,
-        }
-    }
-
-    /// The command that flips a lever of the built-in model, from the settings the run
-    /// started with and the switches it confirmed since.
-    fn toggle_lever(&mut self, flip: impl Fn(&ModelSection) -> Command) -> Reaction {
-        match self.info.as_ref().and_then(|i| i.config.as_ref()) {
-            Some(cfg) => Reaction::Send(flip(&cfg.model)),
-            None => {
-                self.log(
-                    Level::Warn,
-                    "this run's precision and checkpointing are its script's, not headroom's",
-                );
-                Reaction::Nothing
-            }
-        }
-    }
-
-    fn command_applied(&mut self, t: f64, command: &Command, applied: &str) {
-        let model = self
-            .info
-            .as_mut()
-            .and_then(|i| i.config.as_mut())
-            .map(|c| &mut c.model);
-        if let (false, Some(model)) = (is_refusal(applied), model) {
-            match command {
-                Command::SetPrecision { precision } => model.precision = *precision,
-                Command::SetCheckpointing { checkpoint } => model.checkpoint = *checkpoint,
-                _ => {}
-            }
-        }
-        if !is_refusal(applied) {
-            if !self.merge_answer(t, command, applied) {
-                self.log_t(t, Level::Info, applied);
-            }
-            return;
-        }
-        self.log_t(t, Level::Warn, applied);
-        // A refused threshold change is shown where it was made, with the draft kept so
-        // it can be fixed; the old values stay in force (nothing was confirmed).
-        let threshold_change = matches!(
-            command,
-            Command::SetThresholds { .. } | Command::SetProfile { .. }
-        );
-        if let (true, Some(ed)) = (threshold_change, &mut self.editor) {
-            ed.status = EditStatus::Refused(applied.to_string());
-        }
-    }
-
     /// The micro-batch the next step runs at, as last reported.
     pub fn micro_batch(&self) -> Option<usize> {
         self.policy
             .micro_batch()
             .or(self.last_step.as_ref().map(|s| s.micro_batch))
-    }
-
-    /// Folds a command's confirmation into the entry that announced its effect a moment
-    /// before (the same frame: the trainer sends both back to back), if there is one.
-    fn merge_answer(&mut self, now: f64, command: &Command, applied: &str) -> bool {
-        let Some(answers) = Answers::of(command) else {
-            return false;
-        };
-        let found = self
-            .events
-            .iter_mut()
-            .take(4)
-            .take_while(|e| (e.t - now).abs() <= SAME_HAPPENING_S)
-            .find(|e| e.echo.as_ref().is_some_and(|echo| echo.answers == answers));
-        let Some(entry) = found else {
-            return false;
-        };
-        let echo = entry.echo.take().expect("found by its echo");
-        match echo.merged {
-            Merged::Answer => entry.text = applied.to_string(),
-            Merged::Own => {}
-            Merged::Framed { prefix, suffix } => {
-                entry.text = format!("{prefix}{applied}{suffix}");
-            }
-        }
-        true
-    }
-
-    /// Pins the micro-batch at `f(current)`; nothing when no step has reported one.
-    fn pin_at(&mut self, f: impl Fn(usize) -> usize) -> Reaction {
-        if !self.takes_commands() {
-            return Reaction::Nothing;
-        }
-        match self.micro_batch() {
-            Some(n) => Reaction::Send(Command::PinMicroBatch {
-                micro_batch: f(n).max(1),
-            }),
-            None => {
-                self.log(Level::Warn, "no micro-batch to pin before the first step");
-                Reaction::Nothing
-            }
-        }
-    }
-
-    /// Marks `rank` selected and asks for its panels, where a client can switch them.
-    fn select_rank(&mut self, rank: u32) -> Reaction {
-        let Some(job) = &mut self.job else {
-            return Reaction::Nothing;
-        };
-        if !job.select(rank) {
-            let n = job.rows.world_size;
-            let text = format!(
-                "no rank {rank}: the job has {n} (0-{})",
-                n.saturating_sub(1)
-            );
-            self.log(Level::Warn, text);
-            return Reaction::Nothing;
-        }
-        if self.mode.is_replay() && !self.replay_has_ranks {
-            let panels = rank_of_name(&self.run_name);
-            if panels != Some(rank) {
-                let shown = panels.map_or("the log's".to_string(), |p| format!("rank {p}'s"));
-                job.unreachable = Some((
-                    rank,
-                    format!("this replay has {shown} log only (replay rank {rank}'s log to see its panels)"),
-                ));
-            }
-            return Reaction::Nothing;
-        }
-        Reaction::SelectRank(rank)
-    }
-
-    /// The answer to "stop the run? y/n": only `y` sends the stop.
-    fn handle_confirm(&mut self, action: Action) -> Reaction {
-        match action {
-            Action::Confirm(true) => {
-                self.confirm_stop = false;
-                if !self.takes_commands() {
-                    return Reaction::Nothing;
-                }
-                self.stop_requested = true;
-                self.log(
-                    Level::Info,
-                    "stop requested: the run stops with a checkpoint of its last completed step (q detaches)",
-                );
-                Reaction::Send(Command::Stop)
-            }
-            Action::Confirm(false) | Action::Back => {
-                self.confirm_stop = false;
-                self.log(Level::Info, "stop cancelled: the run goes on");
-                Reaction::Nothing
-            }
-            Action::Quit => {
-                self.confirm_stop = false;
-                self.handle(Action::Quit)
-            }
-            Action::Suspend => Reaction::Suspend,
-            _ => Reaction::Nothing,
-        }
-    }
-
-    /// Said once per press, and never twice in a row in the log.
-    pub fn say_read_only(&mut self) {
-        if self.events.front().is_some_and(|e| e.text == READ_ONLY) {
-            return;
-        }
-        self.log(Level::Warn, READ_ONLY);
-    }
-
-    /// Keys of the threshold editor; `None` when it is not open.
-    fn handle_editor(&mut self, action: Action) -> Option<Reaction> {
-        let (over, help) = (self.is_over(), self.show_help);
-        let ed = self.editor.as_mut()?;
-        match action {
-            Action::SelectThreshold(by) => ed.select(by),
-            Action::AdjustThreshold(by) => ed.adjust(by),
-            Action::CycleProfile => ed.cycle_profile(),
-            // Nobody left to send it to.
-            Action::ApplyThresholds if over => self.editor = None,
-            Action::ApplyThresholds => {
-                // Checked here first so a typo is explained at once, with nothing sent.
-                return Some(match ed.submit() {
-                    Some(t) => Reaction::Send(Command::SetThresholds { thresholds: t }),
-                    None => Reaction::Nothing,
-                });
-            }
-            // Esc closes the help shown over the editor before the editor itself.
-            Action::Back if !help => self.editor = None,
-            _ => return None,
-        }
-        Some(Reaction::Nothing)
     }
 
     /// An entry of the screen's own, at the header's time.
@@ -958,80 +389,12 @@ impl App {
     }
 }
 
-/// Whether a key's action would send the run a command (in some state of the run).
-fn sends_command(action: Action) -> bool {
-    matches!(
-        action,
-        Action::TogglePause
-            | Action::Checkpoint
-            | Action::EditThresholds
-            | Action::CycleProfile
-            | Action::TogglePin
-            | Action::DoubleBatch
-            | Action::HalveBatch
-            | Action::FreeCache
-            | Action::TogglePrecision
-            | Action::ToggleCheckpointing
-            | Action::StopRun
-    )
-}
-
-/// The entry a message makes that a command's confirmation would repeat, if any.
-fn echo_of(msg: &Telemetry) -> Option<Echo> {
-    use headroom_core::policy::{Decision, ResizeReason};
-    let (answers, merged) = match msg {
-        Telemetry::Status { status } => (
-            match status {
-                RunStatus::Paused => Answers::Pause,
-                RunStatus::Running => Answers::Resume,
-                RunStatus::Stopping => Answers::Stop,
-                _ => return None,
-            },
-            Merged::Answer,
-        ),
-        Telemetry::ThresholdsChanged { source, .. } if source == "command" => {
-            (Answers::Thresholds, Merged::Own)
-        }
-        Telemetry::Decision {
-            step,
-            decision:
-                Decision::Resize {
-                    from,
-                    reason: ResizeReason::Pinned,
-                    predicted,
-                    ..
-                },
-        } => {
-            let predicted = predicted
-                .map(|p| format!(", predicted {}", crate::describe::pct(p)))
-                .unwrap_or_default();
-            (
-                Answers::Pin,
-                Merged::Framed {
-                    prefix: format!("step {step}: "),
-                    suffix: format!(" (was {from}{predicted})"),
-                },
-            )
-        }
-        Telemetry::Decision {
-            step,
-            decision: Decision::EmptyCache { .. },
-        } => (
-            Answers::FreeCache,
-            Merged::Framed {
-                prefix: format!("step {step}: "),
-                suffix: String::new(),
-            },
-        ),
-        _ => return None,
-    };
-    Some(Echo { answers, merged })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use headroom_core::{GpuStats, HostStats, Notice};
+    use crate::editor::EditStatus;
+    use crate::keys::Action;
+    use headroom_core::{Command, GpuStats, HostStats, Notice, Telemetry};
 
     fn status(s: RunStatus) -> Telemetry {
         Telemetry::Status { status: s }

@@ -9,9 +9,11 @@ use headroom_ui::app::{App, Reaction};
 use headroom_ui::keys::Action;
 use headroom_ui::policy::MarkKind;
 
+mod support;
+use support::run_info;
+
 fn step(n: u64, micro: usize, accum: usize) -> Telemetry {
     Telemetry::Step(StepMetrics {
-        step: n,
         total_steps: 100,
         loss: 2.0,
         lr: Some(1e-3),
@@ -19,11 +21,10 @@ fn step(n: u64, micro: usize, accum: usize) -> Telemetry {
         step_time_s: 0.5,
         tokens_per_s: 1.0,
         samples_per_s: 1.0,
-        micro_batch: micro,
         accum_steps: accum,
         effective_batch: micro * accum,
-        seq_len: 64,
         tokens_seen: n * 64,
+        ..support::step(n, micro)
     })
 }
 
@@ -32,15 +33,13 @@ fn run_started_names_the_run_and_resumes_from_its_start_step() {
     let mut app = App::new("label", false);
     app.apply(&Telemetry::RunStarted(RunInfo {
         run_name: "from-trainer".into(),
-        device: "cpu".into(),
-        device_name: "Some CPU".into(),
         parameters: 2_500_000,
         start_step: 40,
         total_steps: 100,
         corpus: "c".into(),
         train_bytes: 1,
         val_bytes: 1,
-        config: Some(RunConfig::default()),
+        ..run_info("cpu", "Some CPU")
     }));
     assert_eq!(app.run_name, "from-trainer");
     assert_eq!(app.step(), 40, "a resumed run starts at its checkpoint");
@@ -592,15 +591,13 @@ fn lever_keys_flip_from_the_confirmed_settings() {
         let mut app = App::new("t", false);
         app.apply(&Telemetry::RunStarted(RunInfo {
             run_name: "r".into(),
-            device: "cpu".into(),
-            device_name: "cpu".into(),
             parameters: 1,
-            start_step: 0,
             total_steps: 100,
             corpus: "c".into(),
             train_bytes: 1,
             val_bytes: 1,
             config,
+            ..run_info("cpu", "cpu")
         }));
         app.apply(&Telemetry::Status {
             status: RunStatus::Running,

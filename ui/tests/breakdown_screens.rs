@@ -1,30 +1,18 @@
 //! The memory panel's stacked bar (fixed, batch, cache, outside) on a CPU run whose start
 //! probe sent its plan, at a tall size and at the minimum one.
 use headroom_core::{
-    HeapStats, HostStats, PlanSplit, RunConfig, RunInfo, RunStatus, StepMemory, StepMetrics,
-    SystemSample, Telemetry,
+    HeapStats, HostStats, PlanSplit, RunStatus, StepMemory, StepMetrics, SystemSample, Telemetry,
 };
 use headroom_ui::app::App;
-use headroom_ui::view::render;
-use ratatui::backend::TestBackend;
-use ratatui::Terminal;
+
+mod support;
+use support::{draw, run_info};
 
 const MIB: u64 = 1 << 20;
 
 fn planned_run() -> App {
     let mut app = App::new("default", true);
-    app.apply(&Telemetry::RunStarted(RunInfo {
-        run_name: "default".into(),
-        device: "cpu".into(),
-        device_name: "AMD EPYC 7B13".into(),
-        parameters: 830_464,
-        start_step: 0,
-        total_steps: 300,
-        corpus: "tinyshakespeare.txt (bundled)".into(),
-        train_bytes: 1_003_854,
-        val_bytes: 111_540,
-        config: Some(RunConfig::default()),
-    }));
+    app.apply(&Telemetry::RunStarted(run_info("cpu", "AMD EPYC 7B13")));
     app.apply(&Telemetry::Status {
         status: RunStatus::Running,
     });
@@ -79,12 +67,6 @@ fn planned_run() -> App {
         tokens_seen: 5 * 8192,
     }));
     app
-}
-
-fn draw(app: &App, w: u16, h: u16) -> Terminal<TestBackend> {
-    let mut terminal = Terminal::new(TestBackend::new(w, h)).unwrap();
-    terminal.draw(|f| render(f, app)).unwrap();
-    terminal
 }
 
 #[test]

@@ -23,6 +23,8 @@ use ratatui::buffer::Cell;
 use ratatui::layout::{Position, Size};
 use ratatui::Terminal;
 
+mod support;
+
 const WAIT: Duration = Duration::from_secs(5);
 
 /// What the loop did to its terminal, shared with the test.
@@ -317,27 +319,14 @@ fn quit_sends_stop_and_a_second_quit_leaves_without_waiting() {
 /// `q`, as a failed run's does.
 #[test]
 fn finished_keeps_the_screen_until_q_and_ends_with_the_summary() {
-    let h = Harness::start(8, &[]);
+    let mut h = Harness::start(8, &[]);
     h.event(Telemetry::Finished(summary()));
-    let Harness {
-        keys,
-        events,
-        running,
-        ..
-    } = h;
-    drop(events); // the trainer thread ends after its last word
+    h.feed_ends(false);
     std::thread::sleep(Duration::from_millis(100));
-    assert!(!running.is_finished(), "the screen closed by itself");
-    keys.send(Ok(Event::Key(KeyEvent::new(
-        KeyCode::Char('q'),
-        KeyModifiers::NONE,
-    ))))
-    .unwrap();
-    let (exit, terminal) = running.join().expect("loop thread");
-    let exit = exit.expect("loop ok");
+    assert!(!h.running.is_finished(), "the screen closed by itself");
+    let (exit, screen, _) = h.quit();
     assert_eq!(exit.summary, Some(summary()));
     assert!(!exit.force_quit && exit.failure.is_none());
-    let screen = format!("{}", terminal.backend().inner);
     assert!(
         screen.contains("the run finished: q closes the screen"),
         "{screen}"
@@ -350,12 +339,7 @@ fn finished_keeps_the_screen_until_q_and_ends_with_the_summary() {
 #[test]
 fn a_stop_asked_with_q_closes_the_screen_once_the_run_stopped() {
     let h = Harness::start(8, &[]);
-    h.keys
-        .send(Ok(Event::Key(KeyEvent::new(
-            KeyCode::Char('q'),
-            KeyModifiers::NONE,
-        ))))
-        .unwrap();
+    h.press('q');
     std::thread::sleep(Duration::from_millis(100));
     h.events
         .send(Telemetry::Finished(RunSummary {
@@ -518,7 +502,6 @@ fn a_paused_run_offers_resume_and_shows_no_stale_rate() {
 
 fn step_report(step: u64, micro_batch: usize) -> Telemetry {
     Telemetry::Step(StepMetrics {
-        step,
         total_steps: 10,
         loss: 1.0,
         lr: Some(1e-3),
@@ -526,40 +509,26 @@ fn step_report(step: u64, micro_batch: usize) -> Telemetry {
         step_time_s: 0.1,
         tokens_per_s: 1.0,
         samples_per_s: 1.0,
-        micro_batch,
         accum_steps: 1,
         effective_batch: micro_batch,
-        seq_len: 64,
         tokens_seen: 0,
+        ..support::step(step, micro_batch)
     })
 }
 
 /// A failure keeps the screen, with its reason, after the trainer is gone: `q` closes it.
 #[test]
 fn failed_holds_the_screen_until_q_and_ends_with_the_reason() {
-    let h = Harness::start(8, &[]);
+    let mut h = Harness::start(8, &[]);
     h.event(Telemetry::Failed {
         reason: "trainer panicked: boom".into(),
     });
-    let Harness {
-        keys,
-        events,
-        running,
-        ..
-    } = h;
-    drop(events); // the trainer thread ends after its last word
+    h.feed_ends(false);
     std::thread::sleep(Duration::from_millis(100));
-    assert!(!running.is_finished(), "the screen closed by itself");
-    keys.send(Ok(Event::Key(KeyEvent::new(
-        KeyCode::Char('q'),
-        KeyModifiers::NONE,
-    ))))
-    .unwrap();
-    let (exit, terminal) = running.join().expect("loop thread");
-    let exit = exit.expect("loop ok");
+    assert!(!h.running.is_finished(), "the screen closed by itself");
+    let (exit, screen, _) = h.quit();
     assert_eq!(exit.failure.as_deref(), Some("trainer panicked: boom"));
     assert!(exit.summary.is_none() && !exit.force_quit);
-    let screen = format!("{}", terminal.backend().inner);
     assert!(
         screen.contains("failed: trainer panicked: boom"),
         "{screen}"
@@ -706,6 +675,16 @@ impl Harness {
         wait_for("a frame", || self.probe.draws.load(Ordering::SeqCst) > n);
     }
 
+    /// The trainer's side goes quiet for good: its event queue ends (a trainer thread
+    /// after its last word) and, with `metrics_too`, the metrics queue as well (a feed
+    /// that closed). The loop keeps what it has taken.
+    fn feed_ends(&mut self, metrics_too: bool) {
+        self.events = Tx(bounded(1).0);
+        if metrics_too {
+            self.metrics = Tx(bounded(1).0);
+        }
+    }
+
     /// Leaves with `q` (a viewer's loop does not end when its feed does).
     fn quit(self) -> (DashboardExit, String, Receiver<Command>) {
         self.press('q');
@@ -836,34 +815,20 @@ fn a_lost_link_keeps_the_last_picture_under_a_banner() {
 /// The feed ending under a viewer (the run is gone) keeps the screen until q.
 #[test]
 fn a_closed_feed_keeps_a_viewers_screen() {
-    let h = Harness::attached();
+    let mut h = Harness::attached();
     h.link(Link::Closed {
         reason: "the run ended".into(),
     });
-    let Harness {
-        keys,
-        events,
-        metrics,
-        running,
-        probe,
-        ..
-    } = h;
-    drop((events, metrics));
+    h.feed_ends(true);
     std::thread::sleep(Duration::from_millis(60));
     assert!(
-        !running.is_finished(),
+        !h.running.is_finished(),
         "the viewer's screen closed by itself"
     );
-    let n = probe.draws.load(Ordering::SeqCst);
+    let n = h.probe.draws.load(Ordering::SeqCst);
     assert!(n > 0);
-    keys.send(Ok(Event::Key(KeyEvent::new(
-        KeyCode::Char('q'),
-        KeyModifiers::NONE,
-    ))))
-    .unwrap();
-    let (exit, terminal) = running.join().unwrap();
-    let screen = format!("{}", terminal.backend().inner);
-    assert!(exit.unwrap().detached);
+    let (exit, screen, _) = h.quit();
+    assert!(exit.detached);
     assert!(
         screen.contains("connection closed: the run ended"),
         "{screen}"

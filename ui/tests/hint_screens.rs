@@ -1,12 +1,10 @@
 //! The live hints on screen: a small panel above the event log and a line in the log,
 //! from hints the real rules (headroom_core::HintEngine) raised over a scripted run.
-use headroom_core::{
-    HintEngine, HintKind, RunConfig, RunInfo, RunStatus, StepMemory, StepMetrics, Telemetry,
-};
+use headroom_core::{HintEngine, HintKind, RunStatus, StepMemory, StepMetrics, Telemetry};
 use headroom_ui::app::App;
-use headroom_ui::view::render;
-use ratatui::backend::TestBackend;
-use ratatui::Terminal;
+
+mod support;
+use support::{draw, run_info};
 
 const MIB: u64 = 1 << 20;
 
@@ -24,18 +22,7 @@ fn leaking_run() -> App {
     };
     apply(
         &mut app,
-        Telemetry::RunStarted(RunInfo {
-            run_name: "default".into(),
-            device: "cpu".into(),
-            device_name: "AMD EPYC 7B13".into(),
-            parameters: 830_464,
-            start_step: 0,
-            total_steps: 300,
-            corpus: "tinyshakespeare.txt (bundled)".into(),
-            train_bytes: 1_003_854,
-            val_bytes: 111_540,
-            config: Some(RunConfig::default()),
-        }),
+        Telemetry::RunStarted(run_info("cpu", "AMD EPYC 7B13")),
     );
     apply(
         &mut app,
@@ -82,12 +69,6 @@ fn leaking_run() -> App {
         );
     }
     app
-}
-
-fn draw(app: &App, w: u16, h: u16) -> Terminal<TestBackend> {
-    let mut terminal = Terminal::new(TestBackend::new(w, h)).unwrap();
-    terminal.draw(|f| render(f, app)).unwrap();
-    terminal
 }
 
 #[test]

@@ -12,6 +12,9 @@ use headroom_core::{
 };
 use headroom_ui::{replay_job_feed, Feed, Link, ReplayOptions};
 
+mod support;
+use support::run_info;
+
 const WAIT: Duration = Duration::from_secs(5);
 
 /// Logs under a fresh temp folder, removed when dropped.
@@ -46,22 +49,19 @@ impl Drop for TempDir {
 fn started(run_name: &str) -> Record {
     let msg = Telemetry::RunStarted(RunInfo {
         run_name: run_name.into(),
-        device: "cpu".into(),
-        device_name: "cpu".into(),
         parameters: 1000,
-        start_step: 0,
         total_steps: 3,
         corpus: String::new(),
         train_bytes: 0,
         val_bytes: 0,
         config: None,
+        ..run_info("cpu", "cpu")
     });
     Record::new(0.0, 0.0, msg)
 }
 
 fn step(t: f64, n: u64, micro_batch: usize) -> Record {
     let msg = Telemetry::Step(StepMetrics {
-        step: n,
         total_steps: 3,
         loss: 1.0,
         lr: None,
@@ -69,11 +69,10 @@ fn step(t: f64, n: u64, micro_batch: usize) -> Record {
         step_time_s: 0.1,
         tokens_per_s: 1.0,
         samples_per_s: 1.0,
-        micro_batch,
         accum_steps: 1,
-        effective_batch: 32,
         seq_len: 8,
         tokens_seen: 0,
+        ..support::step(n, micro_batch)
     });
     Record::new(0.0, t, msg)
 }

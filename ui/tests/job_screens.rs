@@ -8,10 +8,10 @@ use headroom_core::{
 };
 use headroom_ui::app::{App, Reaction};
 use headroom_ui::keys::action_for;
-use headroom_ui::view::render;
 use headroom_ui::{Link, Mode};
-use ratatui::backend::TestBackend;
-use ratatui::Terminal;
+
+mod support;
+use support::{run_info, screen};
 
 const GIB: u64 = 1 << 30;
 
@@ -60,15 +60,13 @@ fn attached_job(rank: u32, rows: JobRanks) -> App {
     });
     app.apply(&Telemetry::RunStarted(RunInfo {
         run_name: name.clone(),
-        device: "cpu".into(),
-        device_name: "cpu".into(),
         parameters: 10_770_000,
-        start_step: 0,
         total_steps: 500,
         corpus: String::new(),
         train_bytes: 0,
         val_bytes: 0,
         config: None,
+        ..run_info("cpu", "cpu")
     }));
     app.apply(&Telemetry::Status {
         status: RunStatus::Running,
@@ -120,12 +118,6 @@ fn attached_job(rank: u32, rows: JobRanks) -> App {
     app
 }
 
-fn draw(app: &App, w: u16, h: u16) -> String {
-    let mut terminal = Terminal::new(TestBackend::new(w, h)).unwrap();
-    terminal.draw(|f| render(f, app)).unwrap();
-    format!("{}", terminal.backend())
-}
-
 fn press(app: &mut App, code: KeyCode) -> Reaction {
     let key = KeyEvent::new(code, KeyModifiers::NONE);
     match action_for(key, app.key_context()) {
@@ -152,7 +144,7 @@ fn row_line(text: &str, rank: u32) -> String {
 #[test]
 fn two_ranks() {
     let app = attached_job(0, job_rows(2));
-    let text = draw(&app, 100, 30);
+    let text = screen(&app, 100, 30);
     assert!(
         text.contains("job 4f2a9c · 2 ranks · step 40 · micro-batch per rank · mean loss 2.4100"),
         "{text}"
@@ -179,7 +171,7 @@ fn four_ranks() {
     }
     rows.uniform_micro_batch = false;
     let app = attached_job(0, rows);
-    let text = draw(&app, 120, 34);
+    let text = screen(&app, 120, 34);
     assert!(row_line(&text, 3).contains("2/3"), "{text}");
     assert!(row_line(&text, 3).contains("slowest"), "{text}");
     assert!(row_line(&text, 1).contains("tightest memory"), "{text}");
@@ -203,7 +195,7 @@ fn a_failed_rank_and_one_left_behind() {
     rows.ranks[2].step = 55;
     rows.ranks[3].step = 53;
     let app = attached_job(0, rows);
-    let text = draw(&app, 100, 30);
+    let text = screen(&app, 100, 30);
     assert!(row_line(&text, 2).contains("failed"), "{text}");
     assert!(row_line(&text, 3).contains("4 steps behind"), "{text}");
     insta::assert_snapshot!(text);
@@ -212,7 +204,7 @@ fn a_failed_rank_and_one_left_behind() {
 #[test]
 fn a_narrow_terminal_keeps_the_ranks_and_drops_the_charts() {
     let app = attached_job(0, job_rows(4));
-    let text = draw(&app, 80, 24);
+    let text = screen(&app, 80, 24);
     for r in 0..4 {
         let line = row_line(&text, r);
         assert!(line.contains("running"), "{line}");
@@ -233,7 +225,7 @@ fn a_narrow_terminal_keeps_the_ranks_and_drops_the_charts() {
 fn more_ranks_than_rows_keep_the_selected_and_the_marked_ones() {
     let mut app = attached_job(0, job_rows(16));
     press(&mut app, KeyCode::Char('9'));
-    let text = draw(&app, 100, 30);
+    let text = screen(&app, 100, 30);
     for r in [0, 1, 9, 15] {
         row_line(&text, r);
     }
@@ -245,7 +237,7 @@ fn selecting_a_rank_asks_the_client_and_says_where_the_panels_stand() {
     let mut app = attached_job(0, job_rows(4));
     assert_eq!(press(&mut app, KeyCode::Char(']')), Reaction::SelectRank(1));
     assert_eq!(app.job.as_ref().unwrap().selected, 1);
-    let text = draw(&app, 100, 30);
+    let text = screen(&app, 100, 30);
     assert!(row_line(&text, 1).contains("▶"), "{text}");
     assert!(
         text.contains("rank 1 selected · switching the panels to it"),
@@ -269,7 +261,7 @@ fn selecting_a_rank_asks_the_client_and_says_where_the_panels_stand() {
         rank: 2,
         reason: "no socket of rank 2 on this machine (it runs on node-1)".into(),
     });
-    let text = draw(&app, 120, 34);
+    let text = screen(&app, 120, 34);
     assert!(
         text.contains("rank 2 selected: no socket of rank 2 on this machine (it runs on node-1) · panels show rank 0"),
         "{text}"
@@ -289,7 +281,7 @@ fn switching_the_panels_keeps_the_rows_and_moves_to_the_selected_rank() {
     let switched = attached_job(1, job_rows(2));
     app.apply(&Telemetry::RunStarted(switched.info.clone().unwrap()));
     assert_eq!(app.panels_rank(), Some(1));
-    let text = draw(&app, 100, 30);
+    let text = screen(&app, 100, 30);
     assert!(text.contains("panels show rank 1"), "{text}");
     assert!(
         text.contains("attached to the job · rank 1's panels"),
@@ -302,7 +294,7 @@ fn switching_the_panels_keeps_the_rows_and_moves_to_the_selected_rank() {
 fn a_lone_run_has_no_job_panel_and_rank_keys_do_nothing() {
     let mut app = attached_job(0, job_rows(2));
     app.job = None;
-    let text = draw(&app, 100, 30);
+    let text = screen(&app, 100, 30);
     assert!(!text.contains("ranks"), "{text}");
     assert!(!text.contains("[ ]"), "no rank key offered:\n{text}");
     assert_eq!(press(&mut app, KeyCode::Char(']')), Reaction::Nothing);

@@ -8,18 +8,12 @@ use headroom_core::{
 };
 use headroom_ui::app::App;
 use headroom_ui::keys::{bindings, Action, BINDINGS};
-use headroom_ui::view::render;
 use headroom_ui::Mode;
-use ratatui::backend::TestBackend;
 use ratatui::buffer::Buffer;
 use ratatui::style::Color;
-use ratatui::Terminal;
 
-fn draw(app: &App, w: u16, h: u16) -> Buffer {
-    let mut terminal = Terminal::new(TestBackend::new(w, h)).expect("test backend");
-    terminal.draw(|f| render(f, app)).expect("draw");
-    terminal.backend().buffer().clone()
-}
+mod support;
+use support::cells;
 
 fn text(buf: &Buffer) -> String {
     buf.content().iter().map(|c| c.symbol()).collect()
@@ -144,45 +138,45 @@ fn coloured_cells(buf: &Buffer) -> usize {
 fn no_color_means_not_one_coloured_cell() {
     for (w, h) in [(100, 30), (140, 44)] {
         let mut app = busy_app(false);
-        assert_eq!(coloured_cells(&draw(&app, w, h)), 0, "main screen {w}x{h}");
+        assert_eq!(coloured_cells(&cells(&app, w, h)), 0, "main screen {w}x{h}");
         app.handle(Action::ToggleHelp);
-        assert_eq!(coloured_cells(&draw(&app, w, h)), 0, "help {w}x{h}");
+        assert_eq!(coloured_cells(&cells(&app, w, h)), 0, "help {w}x{h}");
         app.handle(Action::ToggleHelp);
         // The editor with a refusal, the boldest thing it shows.
         app.handle(Action::EditThresholds);
         app.handle(Action::AdjustThreshold(5));
         app.handle(Action::ApplyThresholds);
-        let screen = draw(&app, w, h);
+        let screen = cells(&app, w, h);
         assert!(text(&screen).contains("refused"), "{w}x{h}");
         assert_eq!(coloured_cells(&screen), 0, "editor {w}x{h}");
     }
     // The same screens with colour on do use colour: the checks above can fail.
     let mut app = busy_app(true);
-    assert!(coloured_cells(&draw(&app, 100, 30)) > 0);
+    assert!(coloured_cells(&cells(&app, 100, 30)) > 0);
     app.handle(Action::EditThresholds);
-    assert!(coloured_cells(&draw(&app, 100, 30)) > 0);
+    assert!(coloured_cells(&cells(&app, 100, 30)) > 0);
 }
 
 #[test]
 fn dropped_samples_are_counted_in_the_footer_only_when_there_are_some() {
     let mut app = busy_app(true);
-    assert!(text(&draw(&app, 100, 30)).contains("dropped samples 3"));
+    assert!(text(&cells(&app, 100, 30)).contains("dropped samples 3"));
     app.set_dropped(0);
-    assert!(!text(&draw(&app, 100, 30)).contains("dropped"));
+    assert!(!text(&cells(&app, 100, 30)).contains("dropped"));
 }
 
 #[test]
 fn small_terminals_get_a_message_at_any_size() {
     let app = busy_app(true);
     for (w, h) in [(40, 10), (79, 24), (80, 23), (25, 3)] {
-        let screen = text(&draw(&app, w, h));
+        let screen = text(&cells(&app, w, h));
         assert!(screen.contains("too small"), "{w}x{h}: {screen}");
         assert!(screen.contains(&format!("{w}x{h}")), "{w}x{h}: {screen}");
     }
     for (w, h) in [(1, 1), (1, 40), (200, 1), (0, 0)] {
-        draw(&app, w, h); // must not panic
+        cells(&app, w, h); // must not panic
     }
-    assert!(!text(&draw(&app, 80, 24)).contains("too small"));
+    assert!(!text(&cells(&app, 80, 24)).contains("too small"));
 }
 
 fn footer(buf: &Buffer) -> String {
@@ -197,7 +191,7 @@ fn the_footer_keeps_quit_pause_checkpoint_and_help_at_the_minimum_width() {
     let mut app = busy_app(true);
     for dropped in [0, 123_456] {
         app.set_dropped(dropped);
-        let line = footer(&draw(&app, 80, 24));
+        let line = footer(&cells(&app, 80, 24));
         for needed in [" q  stop", " p  pause", " c  checkpoint", " ?  help"] {
             assert!(line.contains(needed), "{needed:?} missing: {line:?}");
         }
@@ -215,7 +209,7 @@ fn the_footer_keeps_quit_pause_checkpoint_and_help_at_the_minimum_width() {
     }
     // With room, nothing is left out.
     app.set_dropped(0);
-    let wide = footer(&draw(&app, 170, 30));
+    let wide = footer(&cells(&app, 170, 30));
     for needed in [" w  window", " P  profile", " +/-  batch", " f  free cache"] {
         assert!(wide.contains(needed), "{needed:?} missing: {wide:?}");
     }
@@ -223,7 +217,7 @@ fn the_footer_keeps_quit_pause_checkpoint_and_help_at_the_minimum_width() {
 
 #[test]
 fn the_memory_panel_keeps_its_detail_lines_at_the_minimum_size() {
-    let cuda = text(&draw(&busy_app(true), 80, 24));
+    let cuda = text(&cells(&busy_app(true), 80, 24));
     for needed in [
         // Gauge, threshold marks, OOM risk, headroom, allocator.
         "GPU peak",
@@ -255,7 +249,7 @@ fn the_memory_panel_keeps_its_detail_lines_at_the_minimum_size() {
         profile: Some(Profile::Balanced),
         source: "config".into(),
     });
-    let cpu = text(&draw(&cpu, 80, 24));
+    let cpu = text(&cells(&cpu, 80, 24));
     // Before the first step's peak the gauge is against host memory, not the budget
     // the thresholds are fractions of: named, not marked.
     assert!(!cpu.contains("twce"), "{cpu}");
@@ -321,7 +315,7 @@ fn the_help_keeps_its_last_line_at_the_minimum_size_in_every_mode() {
     ] {
         let mut app = busy_app(true).with_mode(mode.clone());
         app.handle(Action::ToggleHelp);
-        let screen = draw(&app, 80, 24);
+        let screen = cells(&app, 80, 24);
         let rows: Vec<String> = (0..24)
             .map(|y| {
                 (0..80)
@@ -353,7 +347,7 @@ fn the_memory_chart_shows_rules_peaks_predictions_and_marks() {
         (120, 40, &["tw 90%", "c  95%"][..]),
         (200, 60, &["t  90%", "w  92%", "c  95%"][..]),
     ] {
-        let screen = text(&draw(&app, w, h));
+        let screen = text(&cells(&app, w, h));
         for needed in ["memory vs limit", "╌", "•", "!"].iter().chain(rules) {
             assert!(
                 screen.contains(needed),
@@ -385,7 +379,7 @@ fn find(buf: &Buffer, needle: &str) -> Option<Vec<(u16, u16)>> {
 #[test]
 fn the_gauge_label_reads_over_the_bar() {
     let app = busy_app(true);
-    let buf = draw(&app, 100, 30);
+    let buf = cells(&app, 100, 30);
     let cells = find(&buf, "GPU peak 7.68 GiB / 8.00 GiB (96.0%)").expect("gauge label");
     let mut over_bar = 0;
     for (x, y) in cells {
@@ -410,7 +404,7 @@ fn ooms_and_critical_shrinks_are_drawn_in_the_error_colour() {
     let mut app = busy_app(true);
     // Only policy entries in the log, newest first.
     app.events.retain(|e| e.text.starts_with("step "));
-    let buf = draw(&app, 120, 40);
+    let buf = cells(&app, 120, 40);
     for needle in ["step 21: out of memory", "step 20: shrink 8 → 6"] {
         let cells = find(&buf, needle).unwrap_or_else(|| panic!("{needle} not on screen"));
         for (x, y) in cells {

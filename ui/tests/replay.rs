@@ -10,6 +10,8 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use headroom_core::{Level, Notice, Record, StepMetrics, Telemetry};
 use headroom_ui::{replay_feed, Control, Feed, Link, ReplayControl, ReplayOptions};
 
+mod support;
+
 const WAIT: Duration = Duration::from_secs(5);
 
 /// A fresh file under the temp dir, removed when dropped.
@@ -48,7 +50,6 @@ fn notice(t: f64, text: &str) -> String {
 
 fn step(t: f64, n: u64) -> String {
     let msg = Telemetry::Step(StepMetrics {
-        step: n,
         total_steps: 10,
         loss: 1.0,
         lr: Some(1e-3),
@@ -56,11 +57,11 @@ fn step(t: f64, n: u64) -> String {
         step_time_s: 0.1,
         tokens_per_s: 1.0,
         samples_per_s: 1.0,
-        micro_batch: 4,
         accum_steps: 1,
         effective_batch: 4,
         seq_len: 8,
         tokens_seen: 0,
+        ..support::step(n, 4)
     });
     Record::new(0.0, t, msg).to_line() + "\n"
 }

@@ -4,50 +4,16 @@ use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use headroom_core::policy::{Decision, Profile, ResizeReason, Thresholds};
 use headroom_core::{
     AllocatorStats, BlockRun, Command, EvalMetrics, GpuStats, HeapStats, HostStats, Level, Notice,
-    RunConfig, RunInfo, RunStatus, RunSummary, Segment, SegmentMap, StepMemory, StepMetrics,
-    SystemSample, Telemetry,
+    RunInfo, RunStatus, RunSummary, Segment, SegmentMap, StepMemory, StepMetrics, SystemSample,
+    Telemetry,
 };
 use headroom_ui::app::App;
 use headroom_ui::keys::{action_for, Action};
 use headroom_ui::mode::ReplayView;
-use headroom_ui::view::render;
 use headroom_ui::{Link, Mode};
-use ratatui::backend::TestBackend;
-use ratatui::Terminal;
 
-fn run_info(device: &str, device_name: &str) -> RunInfo {
-    RunInfo {
-        run_name: "default".into(),
-        device: device.into(),
-        device_name: device_name.into(),
-        parameters: 830_464,
-        start_step: 0,
-        total_steps: 300,
-        corpus: "tinyshakespeare.txt (bundled)".into(),
-        train_bytes: 1_003_854,
-        val_bytes: 111_540,
-        config: Some(RunConfig::default()),
-    }
-}
-
-/// Effective batch 32 throughout: the controller trades micro-batch for accumulation.
-fn step(n: u64, micro_batch: usize) -> Telemetry {
-    Telemetry::Step(StepMetrics {
-        step: n,
-        total_steps: 300,
-        loss: 5.5 - 3.0 * (1.0 - (-(n as f64) / 20.0).exp()),
-        lr: Some(3e-3),
-        grad_norm: Some(0.8),
-        step_time_s: 0.095,
-        tokens_per_s: 21_500.0,
-        samples_per_s: 336.0,
-        micro_batch,
-        accum_steps: 32 / micro_batch,
-        effective_batch: 32,
-        seq_len: 64,
-        tokens_seen: n * 2048,
-    })
-}
+mod support;
+use support::{draw, run_info, step};
 
 fn cpu_sample(i: u64) -> Telemetry {
     Telemetry::Sample(SystemSample {
@@ -138,7 +104,7 @@ fn step_memory(n: u64, micro_batch: usize, limit: u64, usage: f64, predicted: f6
 /// What the controller does in a scripted run, after which step.
 #[derive(Clone, Copy, PartialEq)]
 enum Story {
-    /// Telemetry of a trainer without a memory controller: the screen before this issue.
+    /// Telemetry of a trainer without a memory controller: no thresholds, no decisions.
     Plain,
     /// CPU under a 768 MiB budget: grows 4 → 16 after step 5, runs out of memory in step
     /// 30 and retries at 8, the user picks the conservative profile and pins the batch.
@@ -268,7 +234,7 @@ fn scripted_story(device: &str, name: &str, sample: fn(u64) -> Telemetry, story:
             let (usage, predicted) = usage_at(story, n);
             app.apply(&step_memory(n, mb, limit, usage, predicted));
         }
-        app.apply(&step(n, mb));
+        app.apply(&Telemetry::Step(step(n, mb)));
         if n % 5 == 0 {
             app.apply(&sample(n));
         }
@@ -285,12 +251,6 @@ fn scripted_story(device: &str, name: &str, sample: fn(u64) -> Telemetry, story:
         }
     }
     app
-}
-
-fn draw(app: &App, w: u16, h: u16) -> Terminal<TestBackend> {
-    let mut terminal = Terminal::new(TestBackend::new(w, h)).unwrap();
-    terminal.draw(|f| render(f, app)).unwrap();
-    terminal
 }
 
 /// A key as the live loop handles it: mapped in the app's current context.
@@ -570,9 +530,7 @@ fn an_uneven_batch_split_is_written_as_it_runs() {
         (163, 4, 512, "micro 163 × 3 + 23 = 512"),
         (14, 19, 256, "micro 14 × 18 + 4 = 256"),
     ] {
-        let Telemetry::Step(mut s) = step(51, micro) else {
-            unreachable!()
-        };
+        let mut s = step(51, micro);
         (s.accum_steps, s.effective_batch) = (accum, effective);
         app.apply(&Telemetry::Step(s));
         for (w, h) in [(80, 24), (100, 30)] {
@@ -604,7 +562,7 @@ fn a_lowered_limit_is_said_and_the_room_left_is_what_is_available() {
     app.apply(&Telemetry::RunStarted(run_info("cpu", "AMD EPYC 7B13")));
     running_under_balanced(&mut app);
     let gib = 1u64 << 30;
-    app.apply(&step(1, 8));
+    app.apply(&Telemetry::Step(step(1, 8)));
     app.apply(&Telemetry::StepMemory(StepMemory {
         step: 1,
         micro_batch: 8,

@@ -1,12 +1,22 @@
-//! Which keys the one-line footer shows: the ones that do something in the run's state,
+//! The one-line footer: a question or a lost link when there is one, else the keys, and
+//! on the right a replay's position or the samples dropped.
+//!
+//! Which keys it shows: the ones that do something in the run's state,
 //! named for what they do in it (`p` pauses a running run and resumes a paused one; a
 //! stopping or ended run takes no commands). All of them when they fit, else it leaves
 //! out keys in a fixed order (navigation before the run's controls). `?` is never left
 //! out: it lists everything.
 use headroom_core::RunStatus;
+use ratatui::layout::{Alignment, Rect};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::Paragraph;
+use ratatui::Frame;
 
+use super::fg;
+use super::text::{ellipsize, width};
 use crate::app::App;
-use crate::keys::bindings;
+use crate::keys::{bindings, EDITOR_BINDINGS};
 
 /// Dashboard keys, first left out first (an attached view's `S` among the last).
 pub const SHED_ORDER: [&str; 15] = [
@@ -106,6 +116,75 @@ pub fn shown<'a>(
         .filter(|(k, _)| !shed.contains(k))
         .copied()
         .collect()
+}
+
+pub(super) fn render(frame: &mut Frame, app: &App, area: Rect) {
+    // A question or a lost link is what matters now: it takes the whole line.
+    let alert = if app.confirm_stop {
+        Some((
+            "stop the run? y stops it (finish the step, checkpoint) · n or Esc: no".to_string(),
+            Color::Yellow,
+        ))
+    } else {
+        app.link.banner().map(|text| (text, Color::Red))
+    };
+    if let Some((text, color)) = alert {
+        let style = fg(app, Color::Black)
+            .bg_if(app.color, color)
+            .add_modifier(Modifier::BOLD);
+        let text = ellipsize(&format!(" {text} "), area.width as usize);
+        frame.render_widget(Paragraph::new(Span::styled(text, style)), area);
+        return;
+    }
+    let dropped = (app.dropped > 0).then(|| format!("dropped samples {}", app.dropped));
+    let right = match (app.replay.filter(|_| app.mode.is_replay()), dropped) {
+        (Some(r), _) => Some(r.status_line()),
+        (None, dropped) => dropped,
+    };
+    let reserved = right.as_ref().map_or(0, |d| width(d) + 1);
+    let room = (area.width as usize).saturating_sub(reserved);
+    // The keys that work now, named for what they do now: the editor is modal, and a
+    // paused, stopping or ended run takes other keys than a running one.
+    let keys = match app.editor {
+        Some(_) => {
+            let all: Vec<_> = EDITOR_BINDINGS.iter().map(|(k, s, _)| (*k, *s)).collect();
+            shown(&all, &EDITOR_SHED_ORDER, room)
+        }
+        None if app.mode.is_replay() => shown(&live(app), &REPLAY_SHED_ORDER, room),
+        None if app.show_events => shown(&live(app), &EVENTS_SHED_ORDER, room),
+        None => shown(&live(app), &SHED_ORDER, room),
+    };
+    let mut spans = Vec::new();
+    for (key, short) in keys {
+        spans.push(Span::styled(
+            format!(" {key} "),
+            fg(app, Color::Black).bg_if(app.color, Color::Gray),
+        ));
+        spans.push(Span::raw(format!(" {short}  ")));
+    }
+    frame.render_widget(Paragraph::new(Line::from(spans)), area);
+    if let Some(text) = right {
+        frame.render_widget(
+            Paragraph::new(Span::styled(text, fg(app, Color::DarkGray)))
+                .alignment(Alignment::Right),
+            area,
+        );
+    }
+}
+
+/// Background colour only when colour is on.
+trait BgIf {
+    fn bg_if(self, on: bool, color: Color) -> Self;
+}
+
+impl BgIf for Style {
+    fn bg_if(self, on: bool, color: Color) -> Self {
+        if on {
+            self.bg(color)
+        } else {
+            self.add_modifier(Modifier::REVERSED)
+        }
+    }
 }
 
 #[cfg(test)]
