@@ -62,6 +62,7 @@ fn rank_process() {
         train_bytes: 0,
         val_bytes: 0,
         config: None,
+        checkpoints: None,
     }));
     bus.send(Telemetry::Status {
         status: RunStatus::Running,

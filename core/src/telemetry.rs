@@ -152,6 +152,11 @@ pub struct RunInfo {
     /// whose settings are not a `RunConfig`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<RunConfig>,
+    /// Whether a stop saves a checkpoint of the last completed step: always for
+    /// `headroom train`, for a Python run when it has `on_checkpoint`. Absent in logs from
+    /// before runs said it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoints: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

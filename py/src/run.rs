@@ -549,6 +549,7 @@ impl NativeRun {
             train_bytes: 0,
             val_bytes: 0,
             config: None,
+            checkpoints: Some(checkpoints),
         }));
         let server = rx.serve.take().and_then(|records| {
             let opts = ServeOptions {

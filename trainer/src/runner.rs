@@ -1040,6 +1040,7 @@ impl Trainer {
             train_bytes: self.data.train_bytes() as u64,
             val_bytes: self.data.val_bytes() as u64,
             config: Some(self.cfg.clone()),
+            checkpoints: Some(true),
         }));
         for notice in std::mem::take(&mut self.startup_notices) {
             bus.send(Telemetry::Notice(notice));

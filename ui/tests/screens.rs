@@ -804,6 +804,28 @@ fn attached_stop_asks_first() {
         .unwrap()
         .to_string();
     assert!(footer.contains("stop the run? y stops it"), "{footer}");
+    assert!(footer.contains("finish the step, checkpoint"), "{footer}");
+}
+
+/// A run that said it saves no checkpoint (a Python run without `on_checkpoint`) is not
+/// promised one when `S` asks.
+#[test]
+fn the_stop_question_promises_no_checkpoint_a_run_will_not_take() {
+    let mut app = attached_run();
+    if let Some(info) = app.info.as_mut() {
+        info.checkpoints = Some(false);
+    }
+    press(&mut app, KeyCode::Char('S'));
+    let footer = screen_text(&app, 160, 30)
+        .lines()
+        .nth(29)
+        .unwrap()
+        .to_string();
+    assert!(
+        footer.contains("no checkpoint: the run has no on_checkpoint")
+            && !footer.contains("finish the step, checkpoint"),
+        "{footer}"
+    );
 }
 
 /// A lost connection says so in place of the keys, over the last picture.

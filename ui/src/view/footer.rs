@@ -118,13 +118,22 @@ pub fn shown<'a>(
         .collect()
 }
 
+/// The `S` key's question: what a stop will keep, as the run said at its start (a
+/// Python run without `on_checkpoint` saves nothing).
+fn stop_question(app: &App) -> &'static str {
+    match app.info.as_ref().and_then(|i| i.checkpoints) {
+        Some(false) => {
+            "stop the run? y stops it (finish the step; no checkpoint: the run has no \
+             on_checkpoint) · n or Esc: no"
+        }
+        _ => "stop the run? y stops it (finish the step, checkpoint) · n or Esc: no",
+    }
+}
+
 pub(super) fn render(frame: &mut Frame, app: &App, area: Rect) {
     // A question or a lost link is what matters now: it takes the whole line.
     let alert = if app.confirm_stop {
-        Some((
-            "stop the run? y stops it (finish the step, checkpoint) · n or Esc: no".to_string(),
-            Color::Yellow,
-        ))
+        Some((stop_question(app).to_string(), Color::Yellow))
     } else {
         app.link.banner().map(|text| (text, Color::Red))
     };

@@ -39,6 +39,7 @@ pub fn run_info(device: &str, device_name: &str) -> RunInfo {
         train_bytes: 1_003_854,
         val_bytes: 111_540,
         config: Some(RunConfig::default()),
+        checkpoints: Some(true),
     }
 }
 
