@@ -461,6 +461,9 @@ fn commands_are_answered_with_what_was_applied() {
         "{first:?}"
     );
 
+    // After its first step the run says what its fixed memory is made of.
+    let parts = next_event(&rx.events);
+    assert!(matches!(parts, Telemetry::MemoryParts(_)), "{parts:?}");
     tx.send(Command::Checkpoint).unwrap();
     let saved_step = match next_event(&rx.events) {
         Telemetry::CheckpointSaved { step, .. } => step,
