@@ -118,6 +118,30 @@ pub fn heap_stats() -> Option<HeapStats> {
     })
 }
 
+/// Whether glibc's mmap threshold is set for this process (by the user through
+/// `GLIBC_TUNABLES`, or by a hard cap, [`set_hard_limit`]): then the resident set follows
+/// live tensors, and freed ones leave no fragments in the heap.
+pub fn mmap_threshold_set(hard_limit: bool) -> bool {
+    hard_limit || std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("malloc.mmap_threshold"))
+}
+
+/// `cfg` with what the controller must know of the run's memory meter, said once for
+/// `headroom train` and a Python run alike: the CUDA meter is the allocator's peak, which
+/// repeats to the byte at one size, the CPU meter the resident set, which scatters; and on
+/// the CPU glibc's heap keeps freed tensors' memory fragmented unless tensors are mmapped.
+pub fn with_meter(
+    cfg: headroom_core::policy::ControllerConfig,
+    cuda: bool,
+    hard_limit: bool,
+) -> headroom_core::policy::ControllerConfig {
+    use headroom_core::policy::{ALLOCATOR_NOISE, RSS_NOISE};
+    headroom_core::policy::ControllerConfig {
+        reading_noise: if cuda { ALLOCATOR_NOISE } else { RSS_NOISE },
+        heap_fragments: !cuda && !mmap_threshold_set(hard_limit),
+        ..cfg
+    }
+}
+
 /// Under a hard cap, allocations from this size up are mmapped (see [`set_hard_limit`]).
 const MMAP_THRESHOLD: i32 = 64 << 10;
 

@@ -12,8 +12,7 @@ use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TryRecvErro
 use headroom_core::config::{auto_budget, MemorySection, RunConfig};
 use headroom_core::journal::{ControllerJournal, Journaled};
 use headroom_core::policy::{
-    ControllerConfig, Decision, Profile, StepObservation, Thresholds, Upcoming, ALLOCATOR_NOISE,
-    RSS_NOISE,
+    ControllerConfig, Decision, Profile, StepObservation, Thresholds, Upcoming,
 };
 use headroom_core::protocol::JobRank;
 use headroom_core::units::fmt_bytes;
@@ -67,6 +66,8 @@ pub struct NativeRun {
     started: Instant,
     name: String,
     cuda: bool,
+    /// Allocations past the budget fail (RLIMIT_DATA): tensors are mmapped.
+    hard_limit: bool,
     /// The configured limit: the budget, host memory or the device's memory.
     limit: u64,
     /// In force for a watch-only run (an adaptive run's live in its controller).
@@ -586,6 +587,7 @@ impl NativeRun {
             started: Instant::now(),
             name,
             cuda,
+            hard_limit,
             limit,
             thresholds: t,
             effective_batch,
@@ -633,20 +635,17 @@ impl NativeRun {
             0 => self.effective_batch,
             m => m.min(self.effective_batch),
         };
-        let cfg = ControllerConfig {
-            min_micro_batch: min_micro_batch.clamp(1, max),
-            max_micro_batch: max,
-            adaptive,
-            max_seq_len,
-            // The CUDA meter is the allocator's peak, which repeats to the byte; the CPU
-            // meter is the resident set, which scatters.
-            reading_noise: if self.cuda {
-                ALLOCATOR_NOISE
-            } else {
-                RSS_NOISE
+        let cfg = procmem::with_meter(
+            ControllerConfig {
+                min_micro_batch: min_micro_batch.clamp(1, max),
+                max_micro_batch: max,
+                adaptive,
+                max_seq_len,
+                ..ControllerConfig::default()
             },
-            ..ControllerConfig::default()
-        };
+            self.cuda,
+            self.hard_limit,
+        );
         let mut c = Journaled::new(cfg.clone(), self.thresholds, self.limit, micro_batch);
         if let Some(b) = baseline {
             c.set_baseline(b);
@@ -1104,6 +1103,15 @@ impl NativeRun {
     #[getter]
     fn ended(&self) -> bool {
         self.ended
+    }
+
+    /// How the controller reads this run's memory: its reading noise and whether it
+    /// counts glibc's heap fragments (None: not adaptive).
+    #[getter]
+    fn controller_meter(&self) -> Option<(f64, bool)> {
+        self.controller_cfg
+            .as_ref()
+            .map(|c| (c.reading_noise, c.heap_fragments))
     }
 
     #[getter]

@@ -92,11 +92,7 @@ impl HeapWatch {
     }
 }
 
-/// Whether glibc's mmap threshold was set for this process (by the user through
-/// `GLIBC_TUNABLES`, or by `--hard-limit`): then the resident set follows tensors already.
-pub fn mmap_threshold_set(hard_limit: bool) -> bool {
-    hard_limit || std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("malloc.mmap_threshold"))
-}
+pub use headroom_host::procmem::mmap_threshold_set;
 
 #[cfg(test)]
 mod tests {

@@ -18,8 +18,7 @@ use crossbeam_channel::{bounded, Receiver, TryRecvError};
 use headroom_core::config::{Checkpointing, Precision};
 use headroom_core::plan::{Lever, Plan};
 use headroom_core::policy::{
-    ControllerConfig, Decision, Profile, StepObservation, Thresholds, Upcoming, ALLOCATOR_NOISE,
-    RSS_NOISE,
+    ControllerConfig, Decision, Profile, StepObservation, Thresholds, Upcoming,
 };
 use headroom_core::units::fmt_bytes;
 use headroom_core::{
@@ -974,24 +973,17 @@ impl Trainer {
             0 => effective,
             m => m.min(effective),
         };
-        let ccfg = ControllerConfig {
-            min_micro_batch: mem.min_micro_batch.min(max),
-            max_micro_batch: max,
-            adaptive: mem.adaptive,
-            max_seq_len: cfg.data.seq_len,
-            // The CUDA meter is the allocator's peak (plus what lies outside it), which
-            // repeats to the byte at one size; the CPU meter is the resident set.
-            reading_noise: if matches!(device, Device::Cuda(_)) {
-                ALLOCATOR_NOISE
-            } else {
-                RSS_NOISE
+        let ccfg = procmem::with_meter(
+            ControllerConfig {
+                min_micro_batch: mem.min_micro_batch.min(max),
+                max_micro_batch: max,
+                adaptive: mem.adaptive,
+                max_seq_len: cfg.data.seq_len,
+                ..ControllerConfig::default()
             },
-            // glibc's heap keeps freed tensors' memory fragmented unless tensors are
-            // mmapped (a hard cap, or the user's mmap threshold).
-            heap_fragments: matches!(device, Device::Cpu)
-                && !heap_watch::mmap_threshold_set(mem.hard_limit),
-            ..ControllerConfig::default()
-        };
+            matches!(device, Device::Cuda(_)),
+            mem.hard_limit,
+        );
         if let Some(j) = journal {
             // Its baseline and every reading since are in the journal.
             let mut controller = Journaled::replay(ccfg, j);
