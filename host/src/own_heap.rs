@@ -80,7 +80,7 @@ unsafe impl GlobalAlloc for OwnHeap {
 }
 
 /// Bytes the spare pages hold for live blocks now, and the blocks served since start:
-/// what the cap would have refused (the log's notice and the tests read them).
+/// what the cap would have refused (the tests read them).
 pub fn spare_usage() -> SpareUsage {
     SpareUsage {
         live_bytes: LIVE_BYTES.load(Ordering::Relaxed),
