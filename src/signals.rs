@@ -19,8 +19,9 @@
 //! insisting. So is the same signal again within [`SAME_REQUEST`] of the first (SIGINT and
 //! SIGQUIT excepted: a keyboard sends those once per key press): GNU `timeout`, a
 //! supervisor that signals the process group, or `kill -TERM PID` followed by
-//! `kill -TERM -PGID` deliver one request twice, microseconds apart. SIGTSTP, while the dashboard owns the terminal, asks the screen to hand the
-//! terminal back before the process stops.
+//! `kill -TERM -PGID` deliver one request twice, microseconds apart. SIGTSTP, while the
+//! dashboard owns the terminal, asks the screen to hand the terminal back before the
+//! process stops.
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
