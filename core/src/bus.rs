@@ -79,9 +79,9 @@ pub struct Bus {
     dropped: Arc<AtomicU64>,
     /// Live hints computed from what passes through (a run's bus; none for a viewer's).
     hints: Option<Arc<Mutex<HintEngine>>>,
-    /// The run has said how it ended (its summary, or why it failed): its record ends there, so
-    /// sensor readings after it (a dashboard open until `q`) stay off the log and the
-    /// stream.
+    /// The run has said how it ended (its summary, or why it failed): its record ends
+    /// there, so sensor readings after it (a dashboard open until `q`) stay off the log
+    /// and the stream.
     ended: Arc<AtomicBool>,
 }
 

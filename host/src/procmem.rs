@@ -184,24 +184,13 @@ pub fn set_hard_limit(budget: u64) -> Result<u64, String> {
     let cap = data + (budget - rss);
     // The hard limit stays as it is: raising it takes privilege (a finite one set by the
     // user's shell or a scheduler would make the call fail), and the cap may not pass it.
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
+    let mut lim = data_limit().unwrap_or(libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
         rlim_max: libc::RLIM_INFINITY,
-    };
-    // SAFETY: getrlimit fills a plain struct.
-    if unsafe { libc::getrlimit(libc::RLIMIT_DATA, &mut lim) } != 0 {
-        lim.rlim_max = libc::RLIM_INFINITY;
-    }
-    BEFORE_CAP.store(
-        match lim.rlim_cur {
-            libc::RLIM_INFINITY => u64::MAX,
-            c => c,
-        },
-        Ordering::SeqCst,
-    );
+    });
+    BEFORE_CAP.store(lim.rlim_cur, Ordering::SeqCst);
     lim.rlim_cur = cap.min(lim.rlim_max);
-    // SAFETY: a plain syscall on a fully initialised struct.
-    if unsafe { libc::setrlimit(libc::RLIMIT_DATA, &lim) } != 0 {
+    if !set_data_limit(&lim) {
         return Err(format!(
             "cannot set RLIMIT_DATA for --hard-limit: {}",
             std::io::Error::last_os_error()
@@ -210,9 +199,25 @@ pub fn set_hard_limit(budget: u64) -> Result<u64, String> {
     Ok(lim.rlim_cur)
 }
 
-/// RLIMIT_DATA's soft limit before [`set_hard_limit`] (`u64::MAX`: unlimited), or 0 when
-/// no cap was set.
+/// RLIMIT_DATA's soft limit before [`set_hard_limit`] (`RLIM_INFINITY`: unlimited), or 0
+/// when no cap was set.
 static BEFORE_CAP: AtomicU64 = AtomicU64::new(0);
+
+/// RLIMIT_DATA now.
+fn data_limit() -> Option<libc::rlimit> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills a plain struct.
+    (unsafe { libc::getrlimit(libc::RLIMIT_DATA, &mut lim) } == 0).then_some(lim)
+}
+
+/// Sets RLIMIT_DATA; false when the kernel refused.
+fn set_data_limit(lim: &libc::rlimit) -> bool {
+    // SAFETY: a plain syscall on a fully initialised struct.
+    unsafe { libc::setrlimit(libc::RLIMIT_DATA, lim) == 0 }
+}
 
 /// The hard cap lifted for as long as this lives, then put back as it was: for a Python
 /// run's give-up, whose checkpoint is the user's `on_checkpoint` (Python objects and
@@ -229,34 +234,17 @@ pub fn lift_cap() -> Option<CapLifted> {
     if before == 0 {
         return None;
     }
-    let mut cap = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
+    let cap = data_limit()?;
+    let lifted = libc::rlimit {
+        rlim_cur: before.min(cap.rlim_max),
+        rlim_max: cap.rlim_max,
     };
-    // SAFETY: getrlimit/setrlimit on fully initialised structs.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_DATA, &mut cap) != 0 {
-            return None;
-        }
-        let lifted = libc::rlimit {
-            rlim_cur: if before == u64::MAX {
-                cap.rlim_max
-            } else {
-                before.min(cap.rlim_max)
-            },
-            rlim_max: cap.rlim_max,
-        };
-        if libc::setrlimit(libc::RLIMIT_DATA, &lifted) != 0 {
-            return None;
-        }
-    }
-    Some(CapLifted { cap })
+    set_data_limit(&lifted).then_some(CapLifted { cap })
 }
 
 impl Drop for CapLifted {
     fn drop(&mut self) {
-        // SAFETY: setrlimit with the struct getrlimit filled.
-        unsafe { libc::setrlimit(libc::RLIMIT_DATA, &self.cap) };
+        set_data_limit(&self.cap);
     }
 }
 
@@ -271,20 +259,12 @@ pub fn fill_cap_if_asked() {
     if std::env::var_os(FILL_CAP_AT_GIVE_UP).is_none() {
         return;
     }
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
+    let (Some(mut lim), Some(data)) = (data_limit(), status_kib("VmData:")) else {
+        return;
     };
-    // SAFETY: getrlimit/setrlimit on a fully initialised struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_DATA, &mut lim) != 0 || lim.rlim_cur == libc::RLIM_INFINITY
-        {
-            return;
-        }
-        if let Some(data) = status_kib("VmData:") {
-            lim.rlim_cur = lim.rlim_cur.min(data * 1024);
-            libc::setrlimit(libc::RLIMIT_DATA, &lim);
-        }
+    if lim.rlim_cur != libc::RLIM_INFINITY {
+        lim.rlim_cur = lim.rlim_cur.min(data * 1024);
+        set_data_limit(&lim);
     }
 }
 

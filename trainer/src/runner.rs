@@ -643,9 +643,6 @@ struct Trainer {
     /// prediction is logged beside every step's peak, and it names the lever that would
     /// fit when even the smallest micro-batch does not.
     plan: Option<Plan>,
-    /// Whether this process said what its fixed memory is made of (once, after its first
-    /// completed step, when gradients and moments exist).
-    parts_said: bool,
 }
 
 impl Trainer {
@@ -842,7 +839,6 @@ impl Trainer {
             last_measured: None,
             switch: None,
             plan: None,
-            parts_said: false,
         })
     }
 
@@ -1225,8 +1221,8 @@ impl Trainer {
             seq_len: seq,
             tokens_seen: self.tokens_seen,
         }));
-        if !self.parts_said {
-            self.parts_said = true;
+        if s == self.start_step + 1 {
+            // This process's first step: its gradients and moments exist now.
             bus.send(Telemetry::MemoryParts(self.memory_parts()));
         }
         Ok(true)
