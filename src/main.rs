@@ -20,6 +20,7 @@ use clap::Parser;
 use crossbeam_channel::{bounded, Sender};
 use headroom_core::units::{fmt_bytes, fmt_duration, fmt_split};
 use headroom_core::{Bus, Command, Level, Notice, RunSummary, Telemetry};
+use headroom_host::session::{run_bus, Sinks};
 use headroom_host::{logger, out, rundir, sampler, server};
 use headroom_trainer::alloc_stats::LibtorchAllocator;
 use headroom_trainer::runner::{self, TrainOptions};
@@ -130,15 +131,7 @@ fn train(mut args: TrainArgs) -> Result<u8> {
     if let Some(l) = &args.listen {
         server::parse_listen(l).map_err(|e| anyhow::anyhow!(e))?;
     }
-    // HEADROOM_LOG_QUEUE: the log's queue size, for the stalled-reader test (the same path
-    // as the default's 8192 records, reached in seconds).
-    let log_queue = std::env::var("HEADROOM_LOG_QUEUE")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(8192);
-    let (bus, mut rx) = Bus::with_sinks_sized(log_file.is_some(), true, log_queue);
-    // Live hints from the trainer's and the sampler's figures (core/src/hints.rs).
-    let bus = bus.with_hints();
+    let (bus, mut rx) = run_bus(log_file.is_some());
     let (cmd_tx, cmd_rx) = bounded::<Command>(64);
     if let Some(text) = &renamed {
         bus.send(Telemetry::Notice(Notice::new(
@@ -180,34 +173,35 @@ fn train(mut args: TrainArgs) -> Result<u8> {
         }
     };
     // What the trainer sent while preparing waits in the log channel.
-    let log_writer = match (log_file, rx.log.take()) {
-        (Some(log), Some(lines)) => Some(logger::LogWriter::start(log, lines, bus.ui_only())),
-        _ => None,
+    let serve = server::ServeOptions {
+        run_name: config.run.name.clone(),
+        listen: args.listen.clone(),
+        producer: "headroom train".into(),
+        job: None,
     };
-    let server = rx.serve.take().and_then(|records| {
-        let opts = server::ServeOptions {
-            run_name: config.run.name.clone(),
-            listen: args.listen.clone(),
-            producer: "headroom train".into(),
-            job: None,
-        };
-        server::serve_run(&opts, records, cmd_tx.clone(), &bus)
-    });
-    let sampler = sampler::Sampler::start(
+    let sinks = Sinks::start(
+        &bus,
+        log_file,
+        rx.log.take(),
+        rx.serve.take(),
+        cmd_tx.clone(),
+        serve,
+    );
+    let mut sinks = sinks.with_sampler(sampler::Sampler::start(
         bus.clone(),
         trainer.cuda_index(),
         config.run.sample_hz,
         trainer
             .cuda_index()
             .map(|i| Box::new(LibtorchAllocator(i)) as Box<dyn sampler::AllocatorSource>),
-    );
+    ));
     let flags = signals::Flags::default();
     let wiring = signals::Wiring {
         commands: cmd_tx.clone(),
         flags: flags.clone(),
         screen: !headless,
         checkpoints: trainer.checkpoint_dir().to_path_buf(),
-        socket: server.as_ref().map(|s| s.addresses().socket.clone()),
+        socket: sinks.server().map(|s| s.addresses().socket.clone()),
         stop: stop.clone(),
         bus: signals::share_bus(&bus),
         on_usr1: config.run.on_usr1,
@@ -252,7 +246,7 @@ fn train(mut args: TrainArgs) -> Result<u8> {
             &flags,
             trainer.checkpoint_dir(),
         ));
-        if let Some(s) = &server {
+        if let Some(s) = sinks.server() {
             s.abandon();
         }
         signals::exit_mid_step(130);
@@ -272,7 +266,7 @@ fn train(mut args: TrainArgs) -> Result<u8> {
         }
     }
 
-    drop(sampler);
+    sinks.stop_sampler();
     let joined = trainer.join();
     // From here a second stop cuts short only the log and the viewers, and says so.
     flags.ended.store(true, Ordering::SeqCst);
@@ -283,14 +277,8 @@ fn train(mut args: TrainArgs) -> Result<u8> {
     signals::release_bus(&signal_bus);
     // The summary first: whatever the sinks do next, it is on stdout.
     let code = finish(end, joined, args.log.as_deref(), renamed.as_deref());
-    if let Some(server) = server {
-        // Attached viewers get the last records (the run's end) before the socket goes;
-        // first, since the server's notices reach the log, whose writer ends after them.
-        server.finish(Duration::from_secs(2));
-    }
-    // A writer still working through its queue is waited for (a slow disk); one that takes
-    // nothing for a quarter of a second is stuck on its reader and left behind.
-    let log_error = log_writer.and_then(|w| w.finish(Duration::from_secs(5)));
+    // Attached viewers get the last records (the run's end), then the log is flushed.
+    let log_error = sinks.close();
     if let Some(e) = &log_error {
         out::err(&format!("headroom: warning: {e}"));
     }

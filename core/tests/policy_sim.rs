@@ -830,7 +830,7 @@ fn simulated_curves_old_against_new() {
 // steps), shrank too far near the end of the ramp and grew back while lengths still rose,
 // right after saying it held.
 
-/// Steps ahead the real trainer looks (trainer/src/runner.rs `LENGTH_HORIZON`).
+/// Steps ahead the real trainer looks (trainer/src/runner/mod.rs `LENGTH_HORIZON`).
 const TRAINER_HORIZON: u64 = 16;
 
 /// A memory curve like the real run's, in fractions of the limit.
@@ -917,7 +917,7 @@ struct TrainerStep {
     held: Vec<String>,
 }
 
-/// Drives the controller exactly as trainer/src/runner.rs does: `before_step_ahead` with
+/// Drives the controller exactly as trainer/src/runner/steps.rs does: `before_step_ahead` with
 /// the longest length of the next 16 steps, the step, `set_limit`, `observe`.
 fn run_trainer(c: &TrainerCurve, sched: Schedule, steps: u64) -> Vec<TrainerStep> {
     run_trainer_traced(c, sched, steps).0

@@ -10,3 +10,4 @@ pub mod procmem;
 pub mod rundir;
 pub mod sampler;
 pub mod server;
+pub mod session;

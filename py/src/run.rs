@@ -1,278 +1,85 @@
-//! One Python run: the bus and its sinks (log, stream server), the sampler, and, in
-//! adaptive mode, the same [`Controller`] `headroom train` uses. Python calls in at the
-//! points the built-in trainer's runner does (before a step, after its peak is known,
-//! after an OOM, at the step boundary for commands) and carries out what comes back.
-//! Every call that changes the controller is journaled ([`Journaled`]), so a checkpoint
-//! can carry the controller (`run.state_dict()`) and a resume replay it.
+//! One Python run: a [`Session`] driven by a Python loop. Python calls in at the points
+//! the built-in trainer's runner does (before a step, after its peak is known, after an
+//! OOM, at the step boundary for commands) and carries out what comes back; the session
+//! answers commands, keeps the controller (every call journaled, so a checkpoint can
+//! carry it in `run.state_dict()` and a resume replay it) and says it all on the bus.
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use headroom_core::config::{auto_budget, MemorySection, RunConfig};
 use headroom_core::journal::{ControllerJournal, Journaled};
-use headroom_core::policy::{
-    ControllerConfig, Decision, Profile, StepObservation, Thresholds, Upcoming,
-};
+use headroom_core::policy::{ControllerConfig, Thresholds, Upcoming};
 use headroom_core::protocol::JobRank;
 use headroom_core::units::fmt_bytes;
-use headroom_core::{
-    Bus, Command, Level, MemorySummary, Notice, RunInfo, RunStatus, RunSummary, StepMemory,
-    StepMetrics, Telemetry,
-};
-use headroom_host::logger::{self, LogWriter};
+use headroom_core::{Command, Level, Notice, RunInfo, RunStatus, Telemetry};
+use headroom_host::logger;
 use headroom_host::sampler::{AllocatorSource, Sampler};
 use headroom_host::server::{self, ServeOptions, Server};
+use headroom_host::session::{
+    budget_below_held, controller_config, hard_limit_notice, limit_notice, resume_controller,
+    resumed_auto_budget, run_bus, Driver, Handled, Measured, Session, Sinks, StepDone, StepPeak,
+};
 use headroom_host::{procmem, rundir};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::allocator::PyAllocator;
 
-/// How long the end waits for attached viewers and the log to take the last records.
-const VIEWERS_WAIT: Duration = Duration::from_secs(2);
-const LOG_WAIT: Duration = Duration::from_secs(5);
-
-/// The preset whose values `t` are exactly, if any.
-fn profile_of(t: Thresholds) -> Option<Profile> {
-    [
-        Profile::Aggressive,
-        Profile::Balanced,
-        Profile::Conservative,
-    ]
-    .into_iter()
-    .find(|p| p.thresholds() == t)
-}
-
 fn value_error(e: impl ToString) -> PyErr {
     PyValueError::new_err(e.to_string())
 }
 
+/// A Python run: the [`Session`] its loop drives, and what only Python's side has (the
+/// commands Python carries out, by the id it confirms them with).
 #[pyclass(module = "headroom._native")]
 pub struct NativeRun {
-    bus: Option<Bus>,
+    session: Session,
+    /// `None` once the run has ended.
+    sinks: Option<Sinks>,
     commands: Receiver<Command>,
     /// Held so the command channel stays open whether or not a server is up.
     _commands_tx: Sender<Command>,
-    server: Option<Server>,
-    log: Option<LogWriter>,
-    sampler: Option<Sampler>,
-    controller: Option<Journaled>,
     /// How an adaptive run's controller was built: a restored journal replays into one
     /// built the same way.
     controller_cfg: Option<ControllerConfig>,
     /// `memory_budget="auto"` on the CPU: a resume keeps the budget the run resolved.
     auto_budget: bool,
-    started: Instant,
     name: String,
     cuda: bool,
     /// Allocations past the budget fail (RLIMIT_DATA): tensors are mmapped.
     hard_limit: bool,
     /// The configured limit: the budget, host memory or the device's memory.
     limit: u64,
-    /// In force for a watch-only run (an adaptive run's live in its controller).
-    thresholds: Thresholds,
-    effective_batch: usize,
-    total_steps: u64,
-    paused: bool,
-    stop_requested: bool,
+    /// The thresholds the run was given: they win over a restored controller's.
+    given_thresholds: Thresholds,
     /// Where the log is written (`log=`, or the next free name beside it).
     log_path: Option<PathBuf>,
     /// Commands handed to Python to carry out, by the id Python confirms them with.
     pending: BTreeMap<u64, Command>,
     next_id: u64,
     ended: bool,
-    step: u64,
-    tokens_seen: u64,
-    last_loss: Option<f64>,
-    last_val_loss: Option<f64>,
-    checkpoint: Option<String>,
-    memory: MemorySummary,
-    /// The last step's limit and usage (a job's rows carry them).
-    last_limit: u64,
-    last_usage: f64,
-    /// Whether the loop gave a checkpoint callback: what a stop may promise.
-    checkpoints: bool,
 }
 
 impl NativeRun {
-    fn bus(&self) -> PyResult<&Bus> {
-        self.bus
-            .as_ref()
-            .ok_or_else(|| PyRuntimeError::new_err("this headroom run has ended"))
+    fn server(&self) -> Option<&Server> {
+        self.sinks.as_ref().and_then(|s| s.server())
     }
 
-    fn send(&self, msg: Telemetry) {
-        if let Some(bus) = &self.bus {
-            bus.send(msg);
+    fn live(&self) -> PyResult<()> {
+        match self.session.bus() {
+            Some(_) => Ok(()),
+            None => Err(PyRuntimeError::new_err("this headroom run has ended")),
         }
     }
 
-    fn notice(&self, level: Level, source: &str, text: String) {
-        self.send(Telemetry::Notice(Notice::new(level, source, text)));
-    }
-
-    fn thresholds_now(&self) -> Thresholds {
-        self.controller
-            .as_ref()
-            .map_or(self.thresholds, |c| c.thresholds())
-    }
-
-    /// The thresholds in force, with the profile they are (as `headroom train` says it:
-    /// the preset whose values they are, given by name or by value), else custom.
-    fn thresholds_changed(&self, source: &str, profile: Option<Profile>) {
-        let thresholds = self.thresholds_now();
-        let profile = profile.or_else(|| profile_of(thresholds));
-        self.send(Telemetry::ThresholdsChanged {
-            thresholds,
-            profile,
-            source: source.into(),
-        });
-    }
-
-    /// What a stop saves, said where the stop is asked for. `mid_step`: asked during a
-    /// step (a signal), which a watch-only loop finishes before the checkpoint.
-    fn stop_checkpoint_text(&self, mid_step: bool) -> String {
-        if self.checkpoints && mid_step && self.controller.is_none() {
-            "the checkpoint will be taken at the end of the step in progress".to_string()
-        } else if self.checkpoints {
-            format!("the checkpoint will be of step {}", self.step)
-        } else {
-            "no checkpoint will be taken: this run has no on_checkpoint (give \
-             headroom.Run(on_checkpoint=fn), fn(step) saving and returning the path)"
-                .to_string()
-        }
-    }
-
-    /// Carries out what Rust can (reporting every decision); says whether Python must
-    /// free the allocator's cache.
-    fn apply(&mut self, step: u64, decisions: Vec<Decision>) -> bool {
-        let mut free_cache = false;
-        for decision in decisions {
-            match decision {
-                Decision::Resize { .. } => self.memory.resizes += 1,
-                Decision::EmptyCache { .. } => free_cache = true,
-                _ => {}
-            }
-            self.send(Telemetry::Decision { step, decision });
-        }
-        free_cache
-    }
-
-    fn applied(&self, command: Command, applied: String) {
-        self.send(Telemetry::CommandApplied { command, applied });
-    }
-
-    fn set_thresholds(&mut self, command: Command, t: Thresholds, profile: Option<Profile>) {
-        let old = self.thresholds_now();
-        let result = match self.controller.as_mut() {
-            Some(c) => c.set_thresholds(t),
-            None => t.validate().map(|()| self.thresholds = t),
+    /// Acts on one command; Python's part is kept until it is confirmed, and its
+    /// `(id, kind)` returned.
+    fn handle(&mut self, cmd: Command) -> Option<(u64, String)> {
+        let Handled::Driver(cmd) = self.session.handle(cmd) else {
+            return None;
         };
-        let text = match result {
-            Ok(()) => {
-                self.thresholds_changed("command", profile);
-                match profile {
-                    Some(p) => format!("profile {p}: thresholds {t}"),
-                    None => format!("thresholds {t} in force"),
-                }
-            }
-            Err(e) => format!("refused: {e}; {old} stay in force"),
-        };
-        self.applied(command, text);
-    }
-
-    /// Acts on one command; returns it when Python must carry it out.
-    fn handle(&mut self, cmd: Command) -> Option<Command> {
-        match cmd {
-            Command::Stop => {
-                self.paused = false;
-                if !self.stop_requested {
-                    self.stop_requested = true;
-                    self.send(Telemetry::Status {
-                        status: RunStatus::Stopping,
-                    });
-                }
-                let text = format!(
-                    "stopping after step {} (run.should_stop is set; the loop ends when it \
-                     reads it); {}",
-                    self.step,
-                    self.stop_checkpoint_text(false)
-                );
-                self.applied(cmd, text);
-            }
-            Command::Pause if self.paused => {
-                self.applied(cmd, format!("already paused after step {}", self.step))
-            }
-            Command::Pause => {
-                self.paused = true;
-                self.send(Telemetry::Status {
-                    status: RunStatus::Paused,
-                });
-                self.applied(cmd, format!("paused after step {}", self.step));
-            }
-            Command::Resume if self.paused => {
-                self.paused = false;
-                self.send(Telemetry::Status {
-                    status: RunStatus::Running,
-                });
-                self.applied(cmd, format!("resumed at step {}", self.step + 1));
-            }
-            Command::Resume => self.applied(cmd, "already running".into()),
-            Command::SetThresholds { thresholds } => self.set_thresholds(cmd, thresholds, None),
-            Command::SetProfile { profile } => {
-                self.set_thresholds(cmd, profile.thresholds(), Some(profile))
-            }
-            Command::PinMicroBatch { micro_batch } => {
-                let step = self.step;
-                let Some(c) = self.controller.as_mut() else {
-                    self.applied(
-                        cmd,
-                        "refused: a watch-only run has no micro-batch to pin (adaptive runs \
-                         hand their batch to run.backward)"
-                            .into(),
-                    );
-                    return None;
-                };
-                let decisions = c.pin(micro_batch);
-                let mb = c.micro_batch();
-                self.apply(step, decisions);
-                let note = if mb == micro_batch {
-                    String::new()
-                } else {
-                    format!(" ({micro_batch} is outside the allowed range)")
-                };
-                let text = format!(
-                    "micro-batch pinned at {mb}{note}, {} accumulation steps",
-                    self.effective_batch.div_ceil(mb.max(1))
-                );
-                self.applied(cmd, text);
-            }
-            Command::Unpin => match self.controller.as_mut() {
-                Some(c) => {
-                    c.unpin();
-                    self.applied(
-                        cmd,
-                        "micro-batch unpinned; the controller resizes again".into(),
-                    );
-                }
-                None => self.applied(cmd, "refused: a watch-only run has no micro-batch".into()),
-            },
-            Command::Checkpoint | Command::FreeCache => return Some(cmd),
-            // A Python run's precision and checkpointing are its script's (autocast,
-            // torch.utils.checkpoint): nothing here can change them.
-            Command::SetPrecision { .. } | Command::SetCheckpointing { .. } => self.applied(
-                cmd,
-                "refused: a Python run's precision and activation checkpointing are set by \
-                 its script"
-                    .into(),
-            ),
-        }
-        None
-    }
-
-    /// Keeps a command Python must carry out until it is confirmed; its `(id, kind)`.
-    fn hand_to_python(&mut self, cmd: Command) -> (u64, String) {
         let id = self.next_id;
         self.next_id += 1;
         let kind = match cmd {
@@ -280,64 +87,24 @@ impl NativeRun {
             _ => "free_cache",
         };
         self.pending.insert(id, cmd);
-        (id, kind.to_string())
+        Some((id, kind.to_string()))
     }
 
-    /// Ends the run: the last records out, then every thread and socket gone. Called with
-    /// the GIL released: the sampler may be waiting for it to read the allocator.
-    fn shut_down(
-        bus: Option<Bus>,
-        sampler: Option<Sampler>,
-        server: Option<Server>,
-        log: Option<LogWriter>,
-    ) -> Option<String> {
-        drop(sampler);
-        drop(bus);
-        if let Some(server) = server {
-            server.finish(VIEWERS_WAIT);
-        }
-        log.and_then(|w| w.finish(LOG_WAIT))
-    }
-
-    fn end(&mut self, py: Python<'_>, last: Vec<Telemetry>) -> Option<String> {
+    /// Ends the run: the last records out, then every thread and socket gone (with the
+    /// GIL released: the sampler may be waiting for it to read the allocator).
+    fn end(&mut self, py: Python<'_>) -> Option<String> {
         if self.ended {
             return None;
         }
         self.ended = true;
-        for msg in last {
-            self.send(msg);
-        }
-        let (bus, sampler, server, log) = (
-            self.bus.take(),
-            self.sampler.take(),
-            self.server.take(),
-            self.log.take(),
-        );
-        py.detach(move || NativeRun::shut_down(bus, sampler, server, log))
-    }
-
-    fn summary(&self, stopped_by_user: bool) -> RunSummary {
-        let mb = self.controller.as_ref().map_or(0, |c| c.micro_batch());
-        RunSummary {
-            steps_done: self.step,
-            total_steps: self.total_steps,
-            stopped_by_user,
-            last_loss: self.last_loss,
-            last_val_loss: self.last_val_loss,
-            tokens_seen: self.tokens_seen,
-            elapsed_s: self.started.elapsed().as_secs_f64(),
-            checkpoint: self.checkpoint.clone(),
-            memory: MemorySummary {
-                final_micro_batch: mb,
-                accum_steps: if mb == 0 {
-                    0
-                } else {
-                    self.effective_batch.div_ceil(mb)
-                },
-                effective_batch: self.effective_batch,
-                ..self.memory.clone()
-            },
-        }
+        let bus = self.session.take_bus();
+        let sinks = self.sinks.take();
+        py.detach(move || {
+            let mut sinks = sinks.unwrap_or_default();
+            sinks.stop_sampler();
+            drop(bus);
+            sinks.close()
+        })
     }
 }
 
@@ -386,12 +153,11 @@ fn resolve_limit(
     } else {
         let held = procmem::rss_bytes().unwrap_or(0);
         if let Some(b) = budget.filter(|b| *b <= held) {
-            return Err(format!(
-                "memory_budget {} is below what this process already holds ({}: Python, torch, \
-                 the model and its optimizer state); give a budget well above that, e.g. {}",
-                fmt_bytes(b),
-                fmt_bytes(held),
-                fmt_bytes((held * 2).next_multiple_of(64 << 20))
+            return Err(budget_below_held(
+                "memory_budget",
+                b,
+                held,
+                "Python, torch, the model and its optimizer state",
             ));
         }
         match budget {
@@ -405,28 +171,13 @@ fn resolve_limit(
         (true, Some(_)) => "the budget (the caching allocator's per-process fraction)",
         (true, None) => "device memory",
     };
-    notices.push(Notice::new(
-        Level::Info,
-        "memory",
-        format!(
-            "memory limit {} ({what}); thresholds {}",
-            fmt_bytes(limit),
-            mem.thresholds().map_err(|e| e.to_string())?
-        ),
-    ));
+    let thresholds = mem.thresholds().map_err(|e| e.to_string())?;
+    notices.push(limit_notice(limit, what, thresholds));
     if mem.hard_limit {
         let b = budget.expect("checked above");
         let cap = procmem::set_hard_limit(b)
             .map_err(|e| e.replace("--memory-budget", "memory_budget"))?;
-        notices.push(Notice::new(
-            Level::Info,
-            "memory",
-            format!(
-                "hard limit: allocations past {} resident fail (RLIMIT_DATA {})",
-                fmt_bytes(b),
-                fmt_bytes(cap)
-            ),
-        ));
+        notices.push(hard_limit_notice(b, cap));
     }
     Ok((limit, notices))
 }
@@ -529,17 +280,18 @@ impl NativeRun {
             }
         };
         notices.extend(log_moved);
-        let (bus, mut rx) = Bus::with_sinks(pending_log.is_some(), true);
-        // Live hints from this run's figures, on the same stream and log as `headroom train`'s.
-        let bus = bus.with_hints();
+        let (bus, rx) = run_bus(pending_log.is_some());
         // Nobody draws in this process: viewers attach over the socket.
         drop((rx.events, rx.metrics));
-        let log_writer = match (pending_log, rx.log.take()) {
-            (Some(l), Some(lines)) => Some(LogWriter::start(l, lines, bus.ui_only())),
-            _ => None,
-        };
         let (commands_tx, commands) = bounded::<Command>(64);
-        bus.send(Telemetry::RunStarted(RunInfo {
+        let mut session = Session::new(
+            bus.clone(),
+            Driver::script(checkpoints),
+            t,
+            effective_batch,
+            total_steps,
+        );
+        session.run_started(RunInfo {
             run_name: name.clone(),
             device: device.clone(),
             device_name,
@@ -551,67 +303,52 @@ impl NativeRun {
             val_bytes: 0,
             config: None,
             checkpoints: Some(checkpoints),
-        }));
-        let server = rx.serve.take().and_then(|records| {
-            let opts = ServeOptions {
-                run_name: name.clone(),
-                listen,
-                producer,
-                job: job.map(|(id, rank, local_rank, world_size)| JobRank {
-                    id,
-                    rank,
-                    local_rank,
-                    world_size,
-                }),
-            };
-            server::serve_run(&opts, records, commands_tx.clone(), &bus)
         });
+        let serve = ServeOptions {
+            run_name: name.clone(),
+            listen,
+            producer,
+            job: job.map(|(id, rank, local_rank, world_size)| JobRank {
+                id,
+                rank,
+                local_rank,
+                world_size,
+            }),
+        };
+        let sinks = Sinks::start(
+            &bus,
+            pending_log,
+            rx.log,
+            rx.serve,
+            commands_tx.clone(),
+            serve,
+        );
         for n in notices {
-            bus.send(Telemetry::Notice(n));
+            session.send(Telemetry::Notice(n));
         }
         let source = allocator.map(|a| Box::new(PyAllocator::new(a)) as Box<dyn AllocatorSource>);
-        let sampler_bus = bus.clone();
         // The sampler's first read may want the GIL (the allocator), which this thread
         // holds: start it detached.
-        let sampler = py.detach(move || Sampler::start(sampler_bus, cuda_index, sample_hz, source));
+        let sampler = py.detach(move || Sampler::start(bus, cuda_index, sample_hz, source));
         let run = NativeRun {
-            bus: Some(bus),
+            session,
+            sinks: Some(sinks.with_sampler(sampler)),
             commands,
             _commands_tx: commands_tx,
-            server,
-            log: log_writer,
-            sampler: Some(sampler),
-            controller: None,
             controller_cfg: None,
             auto_budget: auto,
-            started: Instant::now(),
             name,
             cuda,
             hard_limit,
             limit,
-            thresholds: t,
-            effective_batch,
-            total_steps,
-            paused: false,
-            stop_requested: false,
+            given_thresholds: t,
+            log_path: log,
             pending: BTreeMap::new(),
             next_id: 1,
             ended: false,
-            step: 0,
-            tokens_seen: 0,
-            last_loss: None,
-            last_val_loss: None,
-            checkpoint: None,
-            memory: MemorySummary::default(),
-            log_path: log,
-            last_limit: 0,
-            last_usage: 0.0,
-            checkpoints,
         };
-        run.thresholds_changed("config", None);
-        run.send(Telemetry::Status {
-            status: RunStatus::Running,
-        });
+        run.session.thresholds_changed("config", None);
+        run.session.status(RunStatus::Running);
         Ok(run)
     }
 
@@ -627,30 +364,26 @@ impl NativeRun {
         baseline: Option<u64>,
         adaptive: bool,
     ) -> PyResult<()> {
-        self.bus()?;
-        if self.effective_batch == 0 {
+        self.live()?;
+        let effective = self.session.effective_batch();
+        if effective == 0 {
             return Err(value_error("an adaptive run needs effective_batch ≥ 1"));
         }
-        let max = match max_micro_batch {
-            0 => self.effective_batch,
-            m => m.min(self.effective_batch),
-        };
-        let cfg = procmem::with_meter(
-            ControllerConfig {
-                min_micro_batch: min_micro_batch.clamp(1, max),
-                max_micro_batch: max,
-                adaptive,
-                max_seq_len,
-                ..ControllerConfig::default()
-            },
+        let cfg = controller_config(
+            min_micro_batch,
+            max_micro_batch,
+            effective,
+            adaptive,
+            max_seq_len,
             self.cuda,
             self.hard_limit,
         );
-        let mut c = Journaled::new(cfg.clone(), self.thresholds, self.limit, micro_batch);
+        let thresholds = self.session.thresholds();
+        let mut c = Journaled::new(cfg.clone(), thresholds, self.limit, micro_batch);
         if let Some(b) = baseline {
             c.set_baseline(b);
         }
-        self.controller = Some(c);
+        self.session.set_controller(c);
         self.controller_cfg = Some(cfg);
         Ok(())
     }
@@ -659,9 +392,9 @@ impl NativeRun {
     /// steps done, the tokens seen and the controller's journal (adaptive runs).
     fn state(&self) -> PyResult<String> {
         let state = ResumeState {
-            step: self.step,
-            tokens_seen: self.tokens_seen,
-            controller: self.controller.as_ref().map(|c| c.journal().clone()),
+            step: self.session.step(),
+            tokens_seen: self.session.tokens_seen(),
+            controller: self.session.controller().map(|c| c.journal().clone()),
         };
         serde_json::to_string(&state).map_err(value_error)
     }
@@ -670,51 +403,43 @@ impl NativeRun {
     /// had, its journal replayed (what the built-in trainer's resume does). Before the
     /// first step only. Returns the step it continues after.
     fn restore(&mut self, state: &str) -> PyResult<u64> {
-        if self.step != 0 {
+        if self.session.step() != 0 {
             return Err(PyRuntimeError::new_err(format!(
-                "load_state_dict() after step {}: call it right after creating the run, before                  its first step",
-                self.step
+                "load_state_dict() after step {}: call it right after creating the run, before \
+                 its first step",
+                self.session.step()
             )));
         }
         let state: ResumeState = serde_json::from_str(state).map_err(|e| {
             value_error(format!(
-                "this is not a headroom run state ({e}); give load_state_dict() what                  run.state_dict() returned, as saved"
+                "this is not a headroom run state ({e}); give load_state_dict() what \
+                 run.state_dict() returned, as saved"
             ))
         })?;
-        self.step = state.step;
-        self.tokens_seen = state.tokens_seen;
+        self.session.resume_at(state.step, state.tokens_seen, None);
         let text = match (state.controller, self.controller_cfg.clone()) {
             (Some(j), Some(cfg)) => {
                 if self.auto_budget {
-                    // The budget the run resolved at its start, not one from this
-                    // process's memory now: the uninterrupted run goes on against it.
-                    self.limit = j.limit;
+                    let (limit, notice) = resumed_auto_budget(&j);
+                    self.limit = limit;
+                    self.session.send(Telemetry::Notice(notice));
                 }
-                let mut c = Journaled::replay(cfg, &j);
-                let mut text = format!(
-                    "resumed after step {}: controller state restored ({} calls replayed),                      micro-batch {}, as the uninterrupted run had it",
-                    state.step,
-                    j.calls.len(),
-                    c.micro_batch()
-                );
-                // Thresholds given for the resume win over the saved ones.
-                if self.thresholds != j.thresholds {
-                    match c.set_thresholds(self.thresholds) {
-                        Ok(()) => text += &format!("; thresholds {} in force", self.thresholds),
-                        Err(e) => text += &format!("; thresholds refused ({e}), the saved stay"),
-                    }
+                let resumed = resume_controller(cfg, &j, self.given_thresholds);
+                self.session.set_controller(resumed.controller);
+                if let Some(n) = resumed.refused {
+                    self.session.send(Telemetry::Notice(n));
                 }
-                self.controller = Some(c);
-                text
+                format!("resumed after step {}: {}", state.step, resumed.text)
             }
             (None, Some(_)) => format!(
-                "resumed after step {}: the state holds no controller (a watch-only run's);                  this run's controller starts fresh",
+                "resumed after step {}: the state holds no controller (a watch-only run's); \
+                 this run's controller starts fresh",
                 state.step
             ),
             (_, None) => format!("resumed after step {}", state.step),
         };
-        self.notice(Level::Info, "memory", text);
-        Ok(self.step)
+        self.session.notice(Level::Info, "memory", text);
+        Ok(state.step)
     }
 
     /// Before a step's first attempt: the micro-batch to use, and whether to free the
@@ -726,27 +451,20 @@ impl NativeRun {
         seq_len: usize,
         upcoming: Option<(usize, u64)>,
     ) -> PyResult<(usize, bool)> {
-        let c = self.controller.as_mut().ok_or_else(not_adaptive)?;
-        let decisions = match upcoming {
-            Some((len, at)) => c.before_step_ahead(
-                seq_len,
-                Upcoming {
-                    seq_len: len.max(seq_len),
-                    step: at,
-                },
-            ),
-            None => c.before_step(seq_len),
-        };
-        let mb = c.micro_batch();
-        let free = self.apply(step, decisions);
-        Ok((mb, free))
+        let upcoming = upcoming.map(|(len, at)| Upcoming {
+            seq_len: len.max(seq_len),
+            step: at,
+        });
+        let next = self
+            .session
+            .before_step(step, seq_len, upcoming)
+            .ok_or_else(not_adaptive)?;
+        Ok((next.micro_batch, next.free_cache))
     }
 
     /// The predicted peak of a micro-batch, bytes, when the model can tell.
     fn predicted_bytes(&self, micro_batch: usize, seq_len: usize) -> Option<u64> {
-        self.controller
-            .as_ref()
-            .and_then(|c| c.predicted_bytes(micro_batch, seq_len))
+        self.session.predicted_bytes(micro_batch, seq_len)
     }
 
     /// A completed step's peak. Adaptive runs feed it to the controller and get back the
@@ -761,22 +479,17 @@ impl NativeRun {
         limit_bytes: Option<u64>,
         predicted_bytes: Option<u64>,
     ) -> PyResult<(usize, bool)> {
-        self.bus()?;
+        self.live()?;
         // On the CPU the limit is never more than this process holds plus what the host
         // could still give: memory other processes take lowers it.
-        let limit = limit_bytes
-            .unwrap_or_else(|| {
-                if self.cuda {
-                    self.limit
-                } else {
-                    procmem::current_cpu_limit(self.limit)
-                }
-            })
-            .max(1);
-        let usage = peak_bytes as f64 / limit as f64;
-        self.memory.note_peak(peak_bytes, limit, usage);
-        (self.last_limit, self.last_usage) = (limit, usage);
-        self.send(Telemetry::StepMemory(StepMemory {
+        let limit = limit_bytes.unwrap_or_else(|| {
+            if self.cuda {
+                self.limit
+            } else {
+                procmem::current_cpu_limit(self.limit)
+            }
+        });
+        let peak = StepPeak {
             step,
             micro_batch,
             seq_len,
@@ -784,21 +497,18 @@ impl NativeRun {
             predicted_bytes,
             limit_bytes: limit,
             configured_limit_bytes: self.limit,
-            usage,
-        }));
-        let Some(c) = self.controller.as_mut() else {
-            return Ok((micro_batch, false));
         };
-        c.set_limit(limit);
-        let decisions = c.observe(StepObservation {
+        self.session.measured(Measured {
             step,
+            peak_bytes,
             micro_batch,
             seq_len,
-            peak_bytes,
         });
-        let mb = c.micro_batch();
-        let free = self.apply(step, decisions);
-        Ok((mb, free))
+        self.session.step_memory(peak);
+        Ok(self
+            .session
+            .observe(peak)
+            .map_or((micro_batch, false), |n| (n.micro_batch, n.free_cache)))
     }
 
     /// An out-of-memory error in a step's attempt: the micro-batch to retry the
@@ -810,22 +520,15 @@ impl NativeRun {
         seq_len: usize,
         error: &str,
     ) -> PyResult<(Option<usize>, bool)> {
-        let c = self.controller.as_mut().ok_or_else(not_adaptive)?;
-        let outcome = c.on_oom(micro_batch, seq_len);
-        self.memory.ooms += 1;
-        self.send(Telemetry::Oom {
-            step,
-            micro_batch,
-            seq_len,
-            retry_with: outcome.retry_with,
-            error: error.lines().next().unwrap_or("").to_string(),
-        });
-        let free = self.apply(step, outcome.decisions);
-        if outcome.retry_with.is_none() {
+        let after = self
+            .session
+            .oom(step, micro_batch, seq_len, error)
+            .ok_or_else(not_adaptive)?;
+        if after.retry_with.is_none() {
             // The give-up runs while the cap may be full; the tests fill it here.
             procmem::fill_cap_if_asked();
         }
-        Ok((outcome.retry_with, free))
+        Ok((after.retry_with, after.free_cache))
     }
 
     /// A completed step's figures.
@@ -843,26 +546,18 @@ impl NativeRun {
         lr: Option<f64>,
         grad_norm: Option<f64>,
     ) -> PyResult<()> {
-        self.bus()?;
-        let dt = step_time_s.max(1e-9);
-        self.step = step;
-        self.tokens_seen += tokens;
-        self.last_loss = Some(loss);
-        self.send(Telemetry::Step(StepMetrics {
+        self.live()?;
+        self.session.step_done(StepDone {
             step,
-            total_steps: self.total_steps,
             loss,
             lr,
             grad_norm,
-            step_time_s: dt,
-            tokens_per_s: tokens as f64 / dt,
-            samples_per_s: effective_batch as f64 / dt,
             micro_batch,
-            accum_steps: effective_batch.div_ceil(micro_batch.max(1)),
             effective_batch,
             seq_len,
-            tokens_seen: self.tokens_seen,
-        }));
+            step_time_s,
+            tokens,
+        });
         Ok(())
     }
 
@@ -870,12 +565,12 @@ impl NativeRun {
     /// optimizer step: parameters, gradients and the optimizer's state, bytes (the
     /// optimizer-state hint reads it).
     fn memory_parts(&self, parameters: u64, gradients: u64, optimizer: u64) -> PyResult<()> {
-        self.bus()?;
-        self.send(Telemetry::MemoryParts(headroom_core::MemoryParts {
+        self.live()?;
+        self.session.memory_parts(headroom_core::MemoryParts {
             parameters,
             gradients,
             optimizer,
-        }));
+        });
         Ok(())
     }
 
@@ -887,26 +582,20 @@ impl NativeRun {
         planned_bytes: u64,
         peak_bytes: u64,
     ) -> PyResult<()> {
-        self.bus()?;
-        self.send(Telemetry::PlanCheck(headroom_core::PlanCheck {
+        self.live()?;
+        self.session.plan_check(headroom_core::PlanCheck {
             step,
             micro_batch,
             planned_bytes,
             peak_bytes,
-        }));
+        });
         Ok(())
     }
 
     /// A validation result.
     fn eval(&mut self, step: u64, val_loss: f64, train_loss: f64, tokens: u64) -> PyResult<()> {
-        self.bus()?;
-        self.last_val_loss = Some(val_loss);
-        self.send(Telemetry::Eval(headroom_core::EvalMetrics {
-            step,
-            val_loss,
-            train_loss,
-            tokens,
-        }));
+        self.live()?;
+        self.session.eval(step, val_loss, train_loss, tokens);
         Ok(())
     }
 
@@ -923,17 +612,18 @@ impl NativeRun {
                 )))
             }
         };
-        self.bus()?;
-        self.notice(level, source, text);
+        self.live()?;
+        self.session.notice(level, source, text);
         Ok(())
     }
 
-    /// Takes the commands that came in. Rust carries out what it can (pause, thresholds,
-    /// pin, stop) and hands back `(id, kind)` for what Python must do (`checkpoint`,
-    /// `free_cache`), to be confirmed with [`NativeRun::confirm`]. While paused, it waits
-    /// up to 100 ms for a command (the GIL released) and runs Python's signal handlers
-    /// before it returns: the caller polls again while `paused`, and a handler that needs
-    /// this run (a SIGTERM's stop) acts between calls, not inside this one's borrow.
+    /// Takes the commands that came in. The session carries out what it can (pause,
+    /// thresholds, pin, stop) and hands back `(id, kind)` for what Python must do
+    /// (`checkpoint`, `free_cache`), to be confirmed with [`NativeRun::confirm`]. While
+    /// paused, it waits up to 100 ms for a command (the GIL released) and runs Python's
+    /// signal handlers before it returns: the caller polls again while `paused`, and a
+    /// handler that needs this run (a SIGTERM's stop) acts between calls, not inside this
+    /// one's borrow.
     fn poll(&mut self, py: Python<'_>) -> PyResult<Vec<(u64, String)>> {
         let mut out = Vec::new();
         let mut waited = false;
@@ -941,7 +631,9 @@ impl NativeRun {
             let cmd = match self.commands.try_recv() {
                 Ok(c) => c,
                 Err(TryRecvError::Disconnected) => break,
-                Err(TryRecvError::Empty) if !self.paused || !out.is_empty() || waited => break,
+                Err(TryRecvError::Empty) if !self.session.paused() || !out.is_empty() || waited => {
+                    break
+                }
                 Err(TryRecvError::Empty) => {
                     waited = true;
                     let rx = self.commands.clone();
@@ -954,9 +646,7 @@ impl NativeRun {
                     }
                 }
             };
-            if let Some(cmd) = self.handle(cmd) {
-                out.push(self.hand_to_python(cmd));
-            }
+            out.extend(self.handle(cmd));
         }
         Ok(out)
     }
@@ -990,9 +680,7 @@ impl NativeRun {
             let cmd: Command = serde_json::from_str(&text).map_err(|e| {
                 value_error(format!("a job command {text:?} is not understood: {e}"))
             })?;
-            if let Some(cmd) = self.handle(cmd) {
-                out.push(self.hand_to_python(cmd));
-            }
+            out.extend(self.handle(cmd));
         }
         Ok(out)
     }
@@ -1000,47 +688,30 @@ impl NativeRun {
     /// Rank 0 of a job: every rank's row at this step's agreement (a `JobRanks` record,
     /// as JSON).
     fn job_ranks(&self, record: &str) -> PyResult<()> {
-        self.bus()?;
+        self.live()?;
         let rows: headroom_core::JobRanks =
             serde_json::from_str(record).map_err(|e| value_error(format!("job_ranks: {e}")))?;
-        self.send(Telemetry::JobRanks(rows));
+        self.session.send(Telemetry::JobRanks(rows));
         Ok(())
     }
 
     /// Out-of-memory errors caught so far.
     #[getter]
     fn ooms(&self) -> u64 {
-        self.memory.ooms
+        self.session.ooms()
     }
 
     /// The last step's limit (bytes) and usage (peak / limit); 0 before the first.
     #[getter]
     fn last_memory(&self) -> (u64, f64) {
-        (self.last_limit, self.last_usage)
+        self.session.last_memory()
     }
 
     /// A stop asked by a signal (`why`, e.g. "SIGTERM"): as the dashboard's stop, said
     /// with its cause.
     fn request_stop(&mut self, why: &str) -> PyResult<()> {
-        self.bus()?;
-        if !self.stop_requested {
-            self.stop_requested = true;
-            self.paused = false;
-            self.send(Telemetry::Status {
-                status: RunStatus::Stopping,
-            });
-        }
-        self.notice(
-            Level::Warn,
-            "signal",
-            format!(
-                "{why}: stopping; {} (a step in progress in run.backward() is abandoned at \
-                 its next micro-batch; a loop that only reports ends when it reads \
-                 run.should_stop, or at the next step's end; {why} again within 1 s is the \
-                 same request, a second signal later ends the process at once)",
-                self.stop_checkpoint_text(true)
-            ),
-        );
+        self.live()?;
+        self.session.signal_stop(why);
         Ok(())
     }
 
@@ -1050,54 +721,44 @@ impl NativeRun {
             .pending
             .remove(&id)
             .ok_or_else(|| value_error(format!("no command {id} is waiting")))?;
-        self.applied(cmd, applied);
+        self.session.answer(cmd, applied);
         Ok(())
     }
 
     /// A checkpoint the loop wrote.
     fn checkpoint_saved(&mut self, step: u64, path: String) -> PyResult<()> {
-        self.bus()?;
-        self.checkpoint = Some(path.clone());
-        self.send(Telemetry::CheckpointSaved { step, path });
+        self.live()?;
+        self.session.checkpoint_saved(step, path);
         Ok(())
     }
 
     /// Ends the run as finished; returns a warning about the log, if any.
     #[pyo3(signature = (stopped_by_user=false))]
     fn finish(&mut self, py: Python<'_>, stopped_by_user: bool) -> Option<String> {
-        let summary = self.summary(stopped_by_user || self.stop_requested);
-        self.end(
-            py,
-            vec![
-                Telemetry::Status {
-                    status: RunStatus::Finished,
-                },
-                Telemetry::Finished(summary),
-            ],
-        )
+        if self.ended {
+            return None;
+        }
+        self.session.finished(stopped_by_user);
+        self.end(py)
     }
 
     /// Ends the run as failed, with the reason.
     fn fail(&mut self, py: Python<'_>, reason: String) -> Option<String> {
-        self.end(
-            py,
-            vec![
-                Telemetry::Status {
-                    status: RunStatus::Failed,
-                },
-                Telemetry::Failed { reason },
-            ],
-        )
+        if self.ended {
+            return None;
+        }
+        self.session.failed(reason);
+        self.end(py)
     }
 
     #[getter]
     fn paused(&self) -> bool {
-        self.paused
+        self.session.paused()
     }
 
     #[getter]
     fn stop_requested(&self) -> bool {
-        self.stop_requested
+        self.session.stop_requested()
     }
 
     #[getter]
@@ -1116,7 +777,7 @@ impl NativeRun {
 
     #[getter]
     fn micro_batch(&self) -> Option<usize> {
-        self.controller.as_ref().map(|c| c.micro_batch())
+        self.session.micro_batch()
     }
 
     #[getter]
@@ -1126,7 +787,7 @@ impl NativeRun {
 
     #[getter]
     fn thresholds(&self) -> (f64, f64, f64, f64) {
-        let [a, b, c, d] = self.thresholds_now().as_array();
+        let [a, b, c, d] = self.session.thresholds().as_array();
         (a, b, c, d)
     }
 
@@ -1149,16 +810,14 @@ impl NativeRun {
     /// The Unix socket `headroom attach` reaches this run on; `None` when not serving.
     #[getter]
     fn socket(&self) -> Option<String> {
-        self.server
-            .as_ref()
+        self.server()
             .map(|s| s.addresses().socket.display().to_string())
     }
 
     /// `host:port` when serving on TCP too.
     #[getter]
     fn tcp(&self) -> Option<String> {
-        self.server
-            .as_ref()
+        self.server()
             .and_then(|s| s.addresses().tcp)
             .map(|a| a.to_string())
     }
@@ -1166,8 +825,7 @@ impl NativeRun {
     /// The file holding the TCP token.
     #[getter]
     fn token_file(&self) -> Option<String> {
-        self.server
-            .as_ref()
+        self.server()
             .and_then(|s| s.addresses().token_file.as_ref())
             .map(|p| p.display().to_string())
     }

@@ -9,7 +9,6 @@ pub mod digest;
 pub mod heap_watch;
 /// The controller's journal lives in core (the Python package replays it too).
 pub use headroom_core::journal;
-pub mod levers;
 pub mod model;
 pub mod oom;
 pub mod optim;

@@ -7,11 +7,7 @@ use headroom_core::policy::{Profile, Thresholds};
 pub const NAMES: [&str; 4] = ["target", "warning", "critical", "emergency"];
 
 /// Profiles in the order `P` steps through them (least to most memory kept free).
-pub const PROFILES: [Profile; 3] = [
-    Profile::Aggressive,
-    Profile::Balanced,
-    Profile::Conservative,
-];
+pub const PROFILES: [Profile; 3] = Profile::ALL;
 
 /// The profile after `current`; a custom set starts the cycle at the default.
 pub fn next_profile(current: Option<Profile>) -> Profile {
@@ -26,7 +22,7 @@ pub fn next_profile(current: Option<Profile>) -> Profile {
 
 /// The profile whose values these are exactly, if any.
 pub fn profile_of(t: &Thresholds) -> Option<Profile> {
-    PROFILES.into_iter().find(|p| p.thresholds() == *t)
+    Profile::of(*t)
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -130,6 +130,18 @@ pub enum Profile {
 }
 
 impl Profile {
+    /// Every preset, least to most memory kept free.
+    pub const ALL: [Profile; 3] = [
+        Profile::Aggressive,
+        Profile::Balanced,
+        Profile::Conservative,
+    ];
+
+    /// The preset whose values `t` are exactly, if any (else the thresholds are custom).
+    pub fn of(t: Thresholds) -> Option<Profile> {
+        Profile::ALL.into_iter().find(|p| p.thresholds() == t)
+    }
+
     pub fn thresholds(self) -> Thresholds {
         let (t, w, c, e) = match self {
             Profile::Aggressive => (0.92, 0.94, 0.96, 0.98),

@@ -4,6 +4,8 @@
 //! all show.
 use headroom_core::policy::{Decision, LeverPeak};
 
+use super::Session;
+
 /// A step's measured peak and the shape it was measured at.
 pub type Measured = LeverPeak;
 
@@ -32,6 +34,28 @@ impl PendingSwitch {
             after,
             freed_bytes: same_shape.map(|b| b.peak_bytes as i64 - after.peak_bytes as i64),
         }
+    }
+}
+
+impl Session {
+    /// A lever switched by the driver (`what`: `precision fp32 → bf16`), from the next
+    /// step on; the answer to say. The next step's peak says what it freed
+    /// ([`Session::measured`]); two switches before one step are said together, against
+    /// the peak before the first.
+    pub fn lever_switched(&mut self, what: String, source: &'static str) -> String {
+        let text = format!("{what} from step {}", self.step + 1);
+        self.switch = Some(match self.switch.take() {
+            Some(earlier) => PendingSwitch {
+                what: format!("{}, {what}", earlier.what),
+                ..earlier
+            },
+            None => PendingSwitch {
+                what,
+                source,
+                before: self.last_measured,
+            },
+        });
+        text
     }
 }
 

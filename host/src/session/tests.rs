@@ -1,0 +1,280 @@
+use headroom_core::journal::Journaled;
+use headroom_core::policy::{ControllerConfig, Decision, Profile, Thresholds};
+use headroom_core::{Bus, BusReceivers, Checkpointing, Command, Precision, RunStatus, Telemetry};
+
+use super::*;
+
+fn session(driver: Driver, adaptive: bool) -> (Session, BusReceivers) {
+    let (bus, rx) = Bus::new(false);
+    let mut s = Session::new(bus, driver, Thresholds::default(), 32, 100);
+    if adaptive {
+        let cfg = ControllerConfig {
+            min_micro_batch: 1,
+            max_micro_batch: 32,
+            max_seq_len: 64,
+            ..ControllerConfig::default()
+        };
+        s.set_controller(Journaled::new(cfg, Thresholds::default(), 1 << 30, 8));
+    }
+    (s, rx)
+}
+
+/// Everything the session said, in order.
+fn said(rx: &BusReceivers) -> Vec<Telemetry> {
+    let mut out: Vec<_> = rx.events.try_iter().map(|r| r.msg).collect();
+    out.extend(rx.metrics.try_iter().map(|r| r.msg));
+    out
+}
+
+fn answers(rx: &BusReceivers) -> Vec<String> {
+    said(rx)
+        .into_iter()
+        .filter_map(|m| match m {
+            Telemetry::CommandApplied { applied, .. } => Some(applied),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn pause_and_resume_are_answered_once_each_with_the_step() {
+    let (mut s, rx) = session(Driver::BUILT_IN, true);
+    s.resume_at(7, 0, None);
+    for cmd in [
+        Command::Pause,
+        Command::Pause,
+        Command::Resume,
+        Command::Resume,
+    ] {
+        assert_eq!(s.handle(cmd), Handled::Answered);
+    }
+    assert_eq!(
+        answers(&rx),
+        [
+            "paused after step 7",
+            "already paused after step 7",
+            "resumed at step 8",
+            "already running"
+        ]
+    );
+    assert!(!s.paused());
+}
+
+#[test]
+fn a_stop_asked_twice_is_one_status_change_and_ends_a_pause() {
+    let (mut s, rx) = session(Driver::BUILT_IN, true);
+    s.handle(Command::Pause);
+    s.handle(Command::Stop);
+    s.handle(Command::Stop);
+    assert!(s.stop_requested() && !s.paused());
+    let stopping = said(&rx)
+        .iter()
+        .filter(|m| {
+            matches!(
+                m,
+                Telemetry::Status {
+                    status: RunStatus::Stopping
+                }
+            )
+        })
+        .count();
+    assert_eq!(stopping, 1);
+    assert!(s.summary(false).stopped_by_user);
+}
+
+#[test]
+fn a_scripts_stop_says_how_the_loop_learns_it_and_what_is_saved() {
+    let (mut s, rx) = session(Driver::script(false), true);
+    s.handle(Command::Stop);
+    let text = &answers(&rx)[0];
+    assert!(text.contains("run.should_stop"), "{text}");
+    assert!(text.contains("no checkpoint will be taken"), "{text}");
+    let (mut s, rx) = session(Driver::script(true), false);
+    s.resume_at(4, 0, None);
+    s.signal_stop("SIGTERM");
+    let notice = said(&rx)
+        .into_iter()
+        .find_map(|m| match m {
+            Telemetry::Notice(n) => Some(n.text),
+            _ => None,
+        })
+        .unwrap();
+    assert!(
+        notice.starts_with("SIGTERM: stopping; the checkpoint will be taken at the end"),
+        "{notice}"
+    );
+}
+
+#[test]
+fn lever_commands_go_to_a_driver_that_can_switch_and_are_refused_by_one_that_cannot() {
+    let cmd = Command::SetPrecision {
+        precision: Precision::Bf16,
+    };
+    let (mut s, rx) = session(Driver::BUILT_IN, true);
+    assert_eq!(s.handle(cmd.clone()), Handled::Driver(cmd.clone()));
+    assert!(answers(&rx).is_empty());
+    let (mut s, rx) = session(Driver::script(true), true);
+    assert_eq!(s.handle(cmd), Handled::Answered);
+    let ck = Command::SetCheckpointing {
+        checkpoint: Checkpointing::Blocks,
+    };
+    assert_eq!(s.handle(ck), Handled::Answered);
+    let a = answers(&rx);
+    assert_eq!(a.len(), 2);
+    assert!(a.iter().all(|t| t.starts_with("refused:")), "{a:?}");
+    // What only a driver can do is handed back whatever it is.
+    assert_eq!(
+        s.handle(Command::Checkpoint),
+        Handled::Driver(Command::Checkpoint)
+    );
+    assert_eq!(
+        s.handle(Command::FreeCache),
+        Handled::Driver(Command::FreeCache)
+    );
+}
+
+#[test]
+fn thresholds_carry_their_profile_given_by_name_or_by_value_and_a_bad_set_is_refused() {
+    let profile_said = |rx: &BusReceivers| {
+        said(rx)
+            .into_iter()
+            .filter_map(|m| match m {
+                Telemetry::ThresholdsChanged { profile, .. } => Some(profile),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    for adaptive in [false, true] {
+        let (mut s, rx) = session(Driver::script(false), adaptive);
+        s.thresholds_changed("config", None);
+        s.handle(Command::SetProfile {
+            profile: Profile::Conservative,
+        });
+        s.handle(Command::SetThresholds {
+            thresholds: Profile::Aggressive.thresholds(),
+        });
+        let custom = Thresholds::new(0.8, 0.85, 0.9, 0.95).unwrap();
+        s.handle(Command::SetThresholds { thresholds: custom });
+        assert_eq!(
+            profile_said(&rx),
+            [
+                Some(Profile::Balanced),
+                Some(Profile::Conservative),
+                Some(Profile::Aggressive),
+                None
+            ],
+            "adaptive {adaptive}"
+        );
+        let mut bad = custom;
+        bad.target = 0.99;
+        s.handle(Command::SetThresholds { thresholds: bad });
+        let last = answers(&rx).pop().unwrap();
+        assert!(
+            last.starts_with("refused:") && last.ends_with("0.80,0.85,0.90,0.95 stay in force"),
+            "{last}"
+        );
+        assert_eq!(s.thresholds(), custom);
+    }
+}
+
+#[test]
+fn pinning_is_refused_without_a_controller_and_clamped_with_one() {
+    let (mut s, rx) = session(Driver::script(false), false);
+    s.handle(Command::PinMicroBatch { micro_batch: 4 });
+    s.handle(Command::Unpin);
+    assert!(answers(&rx).iter().all(|a| a.starts_with("refused:")));
+    let (mut s, rx) = session(Driver::BUILT_IN, true);
+    s.handle(Command::PinMicroBatch { micro_batch: 64 });
+    s.handle(Command::Unpin);
+    assert_eq!(
+        answers(&rx),
+        [
+            "micro-batch pinned at 32 (64 is outside the allowed range), 1 accumulation steps",
+            "micro-batch unpinned; the controller resizes again"
+        ]
+    );
+    assert_eq!(s.micro_batch(), Some(32));
+}
+
+#[test]
+fn a_lever_switch_is_measured_at_the_next_step_against_the_last() {
+    let (mut s, rx) = session(Driver::BUILT_IN, true);
+    let m = |step, peak| Measured {
+        step,
+        peak_bytes: peak,
+        micro_batch: 8,
+        seq_len: 64,
+    };
+    assert!(!s.measured(m(3, 300 << 20)));
+    s.resume_at(3, 0, None);
+    assert_eq!(
+        s.lever_switched("precision fp32 → bf16".into(), "command"),
+        "precision fp32 → bf16 from step 4"
+    );
+    s.lever_switched("activation checkpointing none → blocks".into(), "command");
+    assert!(s.measured(m(4, 200 << 20)));
+    let lever = said(&rx)
+        .into_iter()
+        .find_map(|m| match m {
+            Telemetry::Decision {
+                step,
+                decision:
+                    Decision::Lever {
+                        change,
+                        freed_bytes,
+                        ..
+                    },
+            } => Some((step, change, freed_bytes)),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(
+        lever,
+        (
+            4,
+            "precision fp32 → bf16, activation checkpointing none → blocks".to_string(),
+            Some(100 << 20)
+        )
+    );
+}
+
+#[test]
+fn a_step_peak_is_kept_for_the_summary_and_a_watch_only_run_has_no_controller_to_ask() {
+    let (mut s, _rx) = session(Driver::script(false), false);
+    let peak = StepPeak {
+        step: 1,
+        micro_batch: 4,
+        seq_len: 64,
+        peak_bytes: 600,
+        predicted_bytes: None,
+        limit_bytes: 1000,
+        configured_limit_bytes: 1000,
+    };
+    s.step_memory(peak);
+    s.step_memory(StepPeak {
+        peak_bytes: 500,
+        ..peak
+    });
+    assert_eq!(s.observe(peak), None);
+    assert_eq!(s.oom(1, 4, 64, "out of memory"), None);
+    assert_eq!(s.last_memory(), (1000, 0.5));
+    let summary = s.summary(false);
+    assert_eq!(summary.memory.peak_bytes, Some(600));
+    assert_eq!(summary.memory.final_micro_batch, 0);
+}
+
+#[test]
+fn an_oom_is_counted_said_and_answered_with_a_smaller_retry() {
+    let (mut s, rx) = session(Driver::BUILT_IN, true);
+    let after = s.oom(1, 8, 64, "CUDA out of memory\nmore").unwrap();
+    assert!(after.retry_with.is_some_and(|n| n < 8), "{after:?}");
+    assert_eq!(s.ooms(), 1);
+    let error = said(&rx)
+        .into_iter()
+        .find_map(|m| match m {
+            Telemetry::Oom { error, .. } => Some(error),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(error, "CUDA out of memory");
+}
