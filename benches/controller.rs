@@ -28,7 +28,7 @@
 //! half of the run): a size found on short sequences runs out of memory later; `wide` and
 //! `wide-ramp` are the same with a second model (2 layers × 384 instead of 4 × 128);
 //! `start1` (headroom starts at micro-batch 1) and `soft` (a 600 MiB budget without a cap,
-//! headroom starting at 256), issue 11's two failures.
+//! headroom starting at 256).
 //!
 //! Each (strategy, scenario) runs in a child process (this executable, re-executed with
 //! `HEADROOM_BENCH_CONTROLLER=strategy:scenario:steps`), because the cap is process-wide;
@@ -65,11 +65,11 @@ const STEPS_PER_TRIAL: usize = 3;
 const STRATEGIES: [&str; 3] = ["headroom", "lightning", "accelerate"];
 /// `wide*`: the second model, 2 layers × 384 wide (3.6M parameters) instead of the
 /// default 4 × 128 (0.83M): fewer, wider layers, so more memory per token.
-/// `start1`: fixed lengths, headroom starting at micro-batch 1 (issue 11's first failure:
-/// a large fixed part and one measured size). `soft`: a soft 600 MiB budget (no cap, so
-/// no strategy ever sees an OOM) with headroom starting at the whole effective batch,
-/// 256, far above what fits (issue 11's second failure); the finders, which only react
-/// to OOMs, run unbounded there, and their usage column shows how far past the budget.
+/// `start1`: fixed lengths, headroom starting at micro-batch 1 (a large fixed part and
+/// one measured size). `soft`: a soft 600 MiB budget (no cap, so no strategy ever sees an
+/// OOM) with headroom starting at the whole effective batch, 256, far above what fits;
+/// the finders, which only react to OOMs, run unbounded there, and their usage column
+/// shows how far past the budget.
 const SCENARIOS: [&str; 6] = ["fixed", "ramp", "wide", "wide-ramp", "start1", "soft"];
 const SOFT_BUDGET: &str = "600MiB";
 

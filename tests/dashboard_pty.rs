@@ -83,7 +83,7 @@ fn q_stops_with_a_checkpoint_and_restores_the_terminal() {
     assert_eq!(finished[0]["stopped_by_user"], true);
 }
 
-/// Issue 4's end-to-end check: on a real pty, the threshold editor's keys change one
+/// The end-to-end check: on a real pty, the threshold editor's keys change one
 /// threshold by the editor's step and `p` pauses and resumes the trainer, and the JSONL log
 /// shows the trainer applied exactly those changes and nothing else; `q` then stops with a
 /// checkpoint of the last step and gives the terminal back as it was.

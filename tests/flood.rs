@@ -1,4 +1,4 @@
-//! Issue 5's flood and soak: a micro model steps as fast as it can with the sampler at its
+//! The flood and soak: a micro model steps as fast as it can with the sampler at its
 //! highest rate, the dashboard on a real pseudo-terminal and the JSONL log on, while the
 //! test watches from outside: the process's resident memory, the log as it grows, and how
 //! long the screen takes to answer a key. The run must keep a high step rate, its memory

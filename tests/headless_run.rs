@@ -265,13 +265,12 @@ fn threads_are_set_and_reported() {
     );
 }
 
-/// Issue 21: an adaptive run resumed from a checkpoint of its own goes on with the
-/// controller it had (the checkpoint's journal of the controller's calls, replayed), so it
-/// splits every later step as the uninterrupted run does and ends with bit-identical
-/// parameters. The OOM at step 3 teaches the controller a ceiling under the effective
-/// batch: a fresh controller (what a checkpoint without the journal gives, and what every
-/// resume did before) does not know it and grows past it, which changes the split and
-/// leaves the parameters equal only to rounding.
+/// An adaptive run resumed from a checkpoint of its own goes on with the controller it
+/// had (the checkpoint's journal of the controller's calls, replayed), so it splits every
+/// later step as the uninterrupted run does and ends with bit-identical parameters. The
+/// OOM at step 3 teaches the controller a ceiling under the effective batch: a fresh
+/// controller (what a checkpoint without the journal gives) does not know it and grows
+/// past it, which changes the split and leaves the parameters equal only to rounding.
 #[test]
 fn an_adaptive_resume_replays_the_controller_and_matches_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,4 +1,4 @@
-//! Issue 20 through the real binary: `headroom ls` and `headroom attach` on a torchrun
+//! Through the real binary: `headroom ls` and `headroom attach` on a torchrun
 //! job's ranks. Each rank is a process of its own serving the real stream server with the
 //! job identity a rank under torchrun gives it (`NAME.JOB.rankR`); a rank dies by SIGKILL,
 //! as one does when torchrun's agent or the kernel kills it. The job's training itself and

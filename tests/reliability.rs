@@ -1,4 +1,4 @@
-//! The reliability suite of issue 5: bad input and faults, through the real binary.
+//! The reliability suite: bad input and faults, through the real binary.
 //! docs/RELIABILITY.md lists every case, what held and what did not.
 //!
 //! Every refused input must give exit code 2, one line on stderr that names the thing

@@ -1,4 +1,4 @@
-//! The README's first command, twice in one directory (issue 21): the second run takes
+//! The README's first command, twice in one directory: the second run takes
 //! the next free run directory instead of refusing, says so, and `--resume NAME` continues
 //! the run of that name that was saved last (on a terminal, after a numbered choice).
 mod common;
@@ -82,7 +82,7 @@ fn the_readme_command_twice_takes_the_next_run_dir_and_resume_by_name_continues_
     train_a_step_then_quit(&mut pty, dir, &runtime, "default");
     let first_latest = latest(&first);
 
-    // Before issue 21 this was refused: "runs/default already holds another run's ...".
+    // The same command again: the directory is taken, so the run goes to the next one.
     let mut pty = train(dir, &runtime, &[]);
     let out = train_a_step_then_quit(&mut pty, dir, &runtime, "default-2");
     assert!(

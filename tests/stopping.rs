@@ -1,4 +1,4 @@
-//! Issue 22: a run stopped the way clusters, supervisors and terminals stop runs. Every
+//! A run stopped the way clusters, supervisors and terminals stop runs. Every
 //! signal whose default would end the process saves; a stop in a long step is said at
 //! once and takes effect at the next micro-batch; the exit never waits on a stuck log;
 //! `q` works where the dashboard cannot be drawn; start-up and resume checks name the real
@@ -183,11 +183,11 @@ fn usr1_set_to_checkpoint_saves_and_goes_on_and_xfsz_is_said() {
     assert_eq!(saved.len(), 2, "one for SIGUSR1, one for the stop");
 }
 
-/// The issue's case: `--batch-size 1 --effective-batch 65536`, SIGTERM in the step, the
-/// run silent and still stepping 5 s later. Now the stop is said at once, the step is
-/// given up at the next micro-batch (partial gradients dropped), the run exits within
-/// seconds with the checkpoint of the last completed step, and a resume redoes the step
-/// to exactly the parameters of a run never interrupted.
+/// `--batch-size 1 --effective-batch 65536`, SIGTERM in the step: a stop that waited for
+/// the end of a step that long would leave the run silent and stepping. The stop is said
+/// at once, the step is given up at the next micro-batch (partial gradients dropped), the
+/// run exits within seconds with the checkpoint of the last completed step, and a resume
+/// redoes the step to exactly the parameters of a run never interrupted.
 #[test]
 fn a_stop_in_a_long_step_gives_it_up_at_the_next_micro_batch_and_the_resume_matches() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,4 +1,4 @@
-//! Issue 12 through the real binary: a run serves its stream; `ls` lists it and cleans up
+//! Through the real binary: a run serves its stream; `ls` lists it and cleans up
 //! after a killed one; viewers get a full catch-up, then live records, and their commands
 //! are applied and answered to every viewer; bad clients get one clear error each and the
 //! run goes on. docs/RELIABILITY.md lists the cases.
@@ -329,7 +329,7 @@ fn two_hundred_viewers_come_and_go_without_leaking() {
 
 /// A viewer that connects and never reads: the run goes on at its pace, the server's memory
 /// stays bounded, and the viewer is told and disconnected once an event would be lost.
-/// `HEADROOM_STALL_S` sets how long it stalls (default 60, the issue's minute).
+/// `HEADROOM_STALL_S` sets how long it stalls (default 60: a minute).
 #[test]
 fn a_viewer_that_never_reads_neither_slows_nor_grows_the_run() {
     let stall_s: u64 = std::env::var("HEADROOM_STALL_S")

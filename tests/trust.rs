@@ -1,4 +1,4 @@
-//! Issue 10's "losing work" and "crashes and hangs" cases, through the real binary: real
+//! The "losing work" and "crashes and hangs" cases, through the real binary: real
 //! signals, a real FIFO, a real tmpfs where the machine lets the test mount one, two real
 //! runs racing for one checkpoint directory.
 mod common;

@@ -1,4 +1,4 @@
-//! Issue 10's cases that need a terminal: the bundled default shows the controller at
+//! The trust cases that need a terminal: the bundled default shows the controller at
 //! work, a hang-up does not cost the run, a second `q` ends it at once, a dumb terminal
 //! gets progress lines instead of a screen it cannot draw.
 mod common;
@@ -208,8 +208,8 @@ fn ctrl_z_gives_the_terminal_back_and_fg_retakes_it() {
 
 /// The terminal really goes away (the pty's master closes, as when an ssh link or a tmux
 /// pane dies): the kernel hangs up the session. The run stops with a checkpoint and the
-/// process exits; it used to stop training but never exit, its input thread spinning at
-/// 100% inside crossterm on reads that return nothing.
+/// process exits, rather than stop training and leave its input thread spinning at 100%
+/// inside crossterm on reads that return nothing.
 #[test]
 fn a_terminal_that_goes_away_ends_the_run_with_a_checkpoint() {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

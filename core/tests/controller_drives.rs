@@ -519,9 +519,8 @@ fn critical_does_not_ratchet_down_when_usage_is_stuck() {
         c.micro_batch()
     );
     assert!(c.is_unresponsive());
-    // Issue 11: emergency halving while the memory is not the batch's is how a soft
-    // budget collapsed to one sequence. It frees the cache and holds; an OOM is still
-    // recovered.
+    // Emergency halving while the memory is not the batch's would collapse a soft
+    // budget to one sequence. It frees the cache and holds; an OOM is still recovered.
     let mb = c.micro_batch();
     let ds = c.observe(StepObservation {
         step: 101,
@@ -736,9 +735,9 @@ fn not_adaptive_never_resizes_but_warns() {
     assert!(resizes(&ds).is_empty());
     assert!(ds.iter().any(|d| matches!(d, Decision::Warning { .. })));
 }
-/// Issue 11, failure 1: micro-batch 1 at 49% of an 800 MiB budget never grew (the
-/// proportional fit rounds to 1). The baseline measured before the first step tells
-/// the fixed part.
+/// Micro-batch 1 at 49% of an 800 MiB budget: a proportional fit (all memory scaling
+/// with tokens) rounds to 1 and would never grow. The baseline measured before the
+/// first step tells the fixed part.
 #[test]
 fn a_small_start_grows_when_the_fixed_part_is_large() {
     let _trace = test_trace("a_small_start_grows_when_the_fixed_part_is_large");
@@ -841,10 +840,10 @@ fn assert_feasible_at(c: &Traced, seq: usize) {
     );
 }
 
-/// Issue 11: random lengths with the trainer's 16-step horizon. Planned for the
-/// horizon's own longest, the size grew when a long length left the horizon and shrank
-/// when the next came in. Planned for the longest told so far, with the cost of a token
-/// fitted as a line in the length, it settles and stays.
+/// Random lengths with the trainer's 16-step horizon. Planned for the horizon's own
+/// longest, the size would grow when a long length left the horizon and shrink when the
+/// next came in. Planned for the longest told so far, with the cost of a token fitted as
+/// a line in the length, it settles and stays.
 #[test]
 fn random_lengths_settle_without_churn() {
     let _trace = test_trace("random_lengths_settle_without_churn");
@@ -859,11 +858,11 @@ fn random_lengths_settle_without_churn() {
     assert_feasible_at(&c, longest);
 }
 
-/// Issue 11: random lengths whose longest (the configured 256) first comes at step
-/// 150. Planned for the horizon's longest, the run settled for the lengths up to 200
-/// and shrank when 256 came into view, 130 steps after it had settled. Once the
-/// lengths fall as well as rise, any step may bring the longest the run feeds: the run
-/// settles for it and does not move when it comes.
+/// Random lengths whose longest (the configured 256) first comes at step 150. Planned
+/// for the horizon's longest, the run would settle for the lengths up to 200 and shrink
+/// when 256 came into view, 130 steps after it had settled. Once the lengths fall as well
+/// as rise, any step may bring the longest the run feeds: the run settles for it and
+/// does not move when it comes.
 #[test]
 fn random_lengths_settle_for_the_longest_the_run_feeds() {
     let _trace = test_trace("random_lengths_settle_for_the_longest_the_run_feeds");
@@ -881,9 +880,10 @@ fn random_lengths_settle_for_the_longest_the_run_feeds() {
     assert_feasible_at(&c, max_seq);
 }
 
-/// Issue 10: a ramp 64 → 256 over 60 steps held 16 with no word and then peaked at
-/// 95%. Told the longest length to come, the controller grows for it, says why it
-/// holds, and the longest length never crosses critical.
+/// A ramp 64 → 256 over 60 steps: a controller that only sees the current length holds
+/// 16 with no word and then peaks at 95%. Told the longest length to come, the
+/// controller grows for it, says why it holds, and the longest length never crosses
+/// critical.
 #[test]
 fn told_the_lengths_to_come_it_holds_for_them_and_says_why() {
     let _trace = test_trace("told_the_lengths_to_come_it_holds_for_them_and_says_why");
@@ -1012,12 +1012,12 @@ fn a_shrink_that_lowered_usage_less_than_guessed_is_not_taken_as_held_memory() {
     }
 }
 
-/// Seen in the simulator: a soft start far too large read 285% on its first step and
-/// every step after it read the same high-water mark (270%: freed heap pages kept
-/// mapped). The first step's shrink cannot be judged (that step lacks the optimizer
-/// state), so the next reading shrinks once more, by half at most, and the forecast
-/// must not halve again on that same reading before a step has judged it: it took
-/// 50 → 25 → 13, a seventh of what fits.
+/// A soft start far too large reads 285% on its first step and every step after it
+/// reads the same high-water mark (270%: freed heap pages kept mapped). The first step's
+/// shrink cannot be judged (that step lacks the optimizer state), so the next reading
+/// shrinks once more, by half at most, and the forecast must not halve again on that
+/// same reading before a step has judged it: a second halving would leave a seventh of
+/// what fits.
 #[test]
 fn a_mark_held_from_the_first_step_is_not_halved_on_twice() {
     let _trace = test_trace("a_mark_held_from_the_first_step_is_not_halved_on_twice");
@@ -1042,13 +1042,12 @@ fn a_mark_held_from_the_first_step_is_not_halved_on_twice() {
     assert!(c.is_unresponsive());
 }
 
-/// Issue 11's first failure through the binary (800 MiB hard cap, start 1, a fixed
-/// part of 49%, 148 fits under target): 1 → 8 → 122, then held at 122 (83%). The
-/// growth from 8 followed the steepest line the noise allows, which over-predicted 122
-/// as it should; counted as the model's error, that kept 3% of the limit free, and
-/// the landing growth fell under the 10% least gain. A reading under that bound is
-/// not an error: with readings scattering by 0.5% the margin stays near that, and the
-/// run lands within 5% of what fits by step 5 (it landed at 136 of 148 here before).
+/// An 800 MiB hard cap, start 1, a fixed part of 49%, 148 fits under target: growth
+/// from 8 follows the steepest line the noise allows, which over-predicts the landing
+/// size as it should. Counted as the model's error, that over-prediction would keep 3%
+/// of the limit free and leave the landing growth under the 10% least gain, holding the
+/// run near 83%. A reading under that bound is not an error: with readings scattering by
+/// 0.5% the margin stays near that, and the run lands within 5% of what fits by step 5.
 #[test]
 fn a_growth_along_the_noise_bound_that_lands_low_is_not_the_models_error() {
     let _trace =
@@ -1163,13 +1162,14 @@ fn a_high_water_mark_with_random_lengths_does_not_halve_again_and_again() {
     assert!(c.micro_batch() >= 3060 / 64, "{}", c.micro_batch());
 }
 
-/// Issue 25, through the binary: a 2-layer, 64-wide GPT on random lengths 32–256 under a
-/// 600 MiB hard cap (effective 128, start 16) read 63.3% fixed and a token's cost
+/// A 2-layer, 64-wide GPT on random lengths 32–256 under a 600 MiB hard cap (effective
+/// 128, start 16), as measured through the binary: 63.3% fixed and a token's cost
 /// slightly less in a longer sequence (least squares over its 60 readings: 0.00196% of
-/// the limit per token, 3e-9 less per token of length); 54 fits length 256 under target. The fit across lengths dropped the linear term whenever the
-/// quadratic one came out negative, and the quadratic-only line it kept over-predicted
-/// the longest lengths by 3.5% and under-predicted the middle ones by 2%: the margin
-/// went to its 3% cap and the run settled at 43 (peaks 67–85%).
+/// the limit per token, 3e-9 less per token of length); 54 fits length 256 under target.
+/// A fit across lengths that kept the quadratic-only line whenever a coefficient came
+/// out negative would over-predict the longest lengths by 3.5% and under-predict the
+/// middle ones by 2%: the margin would go to its 3% cap and the run settle at 43 (peaks
+/// 67–85%). The fit keeps whichever of the two reduced lines the readings follow.
 #[test]
 fn random_lengths_over_a_line_in_tokens_settle_near_what_fits() {
     let _trace = test_trace("random_lengths_over_a_line_in_tokens_settle_near_what_fits");

@@ -1,4 +1,4 @@
-//! A memory-curve simulator for the batch controller (issue 11).
+//! A memory-curve simulator for the batch controller.
 //!
 //! The policy is pure, so it is driven here by synthetic step observations from generated
 //! memory curves, the way the trainer drives it: `set_limit`, the forecast, the step (an
@@ -180,8 +180,8 @@ impl Curve {
         let n = r.range(0.0, 1500f64.ln()).exp().floor().max(1.0);
         let per_seq = (0.9 - fixed) / (n + 0.5);
         let q = r.range(0.0, 0.6);
-        // A small model's attention is a sliver of its memory (issue 25's binary run: a
-        // 2-layer, 64-wide GPT on 32–256 random lengths read a line in tokens).
+        // A small model's attention is a sliver of its memory (through the binary, a
+        // 2-layer, 64-wide GPT on 32–256 random lengths reads a line in tokens).
         let q = if family == Family::RandomLinear {
             q / 20.0
         } else {
@@ -302,7 +302,7 @@ impl Curve {
     }
 
     /// Largest micro-batch whose steady peak at the longest length (plus memory taken
-    /// from outside) stays under target of a limit of `limit` (the probe in the issue).
+    /// from outside) stays under target of a limit of `limit` (what a probe would find).
     fn feasible(&self, outside: f64, limit: f64) -> usize {
         let goal = 0.9 * limit - outside - self.fixed;
         let per_seq = self.lmax as f64 * (self.a + self.b * self.lmax as f64);
@@ -823,12 +823,11 @@ fn simulated_curves_old_against_new() {
 }
 
 // ---------------------------------------------------------------------------------------
-// The trainer's horizon (issue 11, seen through the real binary): before each step the
-// trainer tells the controller the longest length among its next 16 steps and the first
-// step that brings it. A tiny GPT on CPU (soft 1 GiB, start 16, ramp 64 → 256 over 60
-// steps) shrank as each longer length came into view (17 resizes, 38 hold lines in 46
-// steps), shrank too far near the end of the ramp and grew back while lengths still rose,
-// right after saying it held.
+// The trainer's horizon: before each step the trainer tells the controller the longest
+// length among its next 16 steps and the first step that brings it. On a ramp, a
+// controller that plans for each length as it comes into view shrinks again and again,
+// shrinks too far near the end of the ramp and grows back while lengths still rise,
+// right after saying it holds; these runs hold it to one way down.
 
 /// Steps ahead the real trainer looks (trainer/src/runner/mod.rs `LENGTH_HORIZON`).
 const TRAINER_HORIZON: u64 = 16;
@@ -1244,9 +1243,9 @@ fn sweep_random(i: u64) -> Schedule {
     }
 }
 
-/// The real run's case: 64 → 256 over 60 steps, start 16, fixed 40%, ±1%, through the
-/// trainer's 16-step horizon. It shrank 17 times in 46 steps, shrank too far near the end
-/// of the ramp and grew back right after saying it held. Now: three growths while it
+/// A real run's case (a tiny GPT on CPU, soft 1 GiB): 64 → 256 over 60 steps, start 16,
+/// fixed 40%, ±1%, through the trainer's 16-step horizon. Planned for each length as it
+/// came into view it would shrink 17 times in 46 steps. Expected: three growths while it
 /// learns the curve (the third when the readings span enough lengths to fit a token's
 /// cost in a longer sequence), then one way down, each size planned for the longest
 /// length in view, to the feasible size.
@@ -1317,11 +1316,10 @@ fn trainer_horizon_random_lengths_hold_their_plan() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Decision traces (issue 25): the controller's behaviour kept to the byte across its
-// restructure. Every simulated curve of every family (`HEADROOM_SIM_CURVES` per family,
-// 400 recorded) and every run of the trainer-horizon sweeps, traced call by call, must
-// hash to what the controller as it was before the restructure recorded in
-// `traces/sim.txt` (see `support/trace.rs`).
+// Decision traces: the controller's behaviour kept to the byte across changes that are
+// not meant to change it. Every simulated curve of every family (`HEADROOM_SIM_CURVES`
+// per family, 400 recorded) and every run of the trainer-horizon sweeps, traced call by
+// call, must hash to what is recorded in `traces/sim.txt` (see `support/trace.rs`).
 
 /// Trainer-horizon sweep runs per schedule kind (as the sweep tests above).
 const SWEEP_RUNS: u64 = 120;
@@ -1370,7 +1368,7 @@ fn decision_traces_are_the_recorded_ones() {
     );
 }
 
-/// Issue 25 (d): over a retained heap, two curves whose readings are identical at every
+/// Over a retained heap, two curves whose readings are identical at every
 /// step need sizes more than 10% apart, so no policy lands within 10% of feasible on
 /// both. Both start at 400 on a soft budget, over a 45% baseline, and read 180% at their
 /// first step; the heap keeps 95% of that peak mapped, and no smaller batch reads above

@@ -479,7 +479,7 @@ fn commands_are_answered_with_what_was_applied() {
     assert!(summary.stopped_by_user);
     assert!(summary.steps_done >= saved_step && summary.steps_done < 10_000);
 
-    // A stop is prompt (issue 22): one that lands mid-step gives the step up at its next
+    // A stop is prompt: one that lands mid-step gives the step up at its next
     // micro-batch (said in a notice, which may come before the stop's own answer); one
     // that lands between steps stops after the step. Either way it is answered.
     let rest: Vec<Telemetry> = rx.events.try_iter().map(|r| r.msg).collect();

@@ -464,7 +464,7 @@ fn empty_state_renders_before_any_telemetry() {
     assert!(text.contains("starting"), "{text}");
 }
 
-/// Issue 21: on the CPU the space of the CUDA allocator panel shows the heap: the
+/// On the CPU the space of the CUDA allocator panel shows the heap: the
 /// resident set against live allocations, what is held apart (what a soft budget counts),
 /// what the last trim freed and when.
 #[test]

@@ -181,8 +181,9 @@ impl Estimate {
     /// tokens cost in readings at (or, scaled, nearest below) the length asked about.
     /// Readings whose token counts differ only because the length crept (one micro-batch
     /// on a ramp) cannot separate the fixed part from the per-token cost: their fitted
-    /// slope is noise, and near zero it put the whole peak in the fixed part and grew 29
-    /// to 173 (3.4× the limit). Their fixed part is the baseline's, as with one size.
+    /// slope is noise, and near zero it puts the whole peak in the fixed part and grows
+    /// far past what fits (29 to 173, 3.4× the limit). Their fixed part is the baseline's,
+    /// as with one size.
     fn nearest_cost(&self, seq_len: usize, fixed: f64, slope: f64) -> (f64, f64) {
         let (lo_t, hi_t) = self
             .model

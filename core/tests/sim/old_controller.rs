@@ -1,5 +1,7 @@
-//! The controller as it was before issue 11 (commit 23e3191), kept verbatim except for
-//! its imports so the simulator can score it beside the new one. Not used by the crate.
+//! The baseline controller the simulator compares against: an earlier version of the
+//! controller (no baseline before the first step, no lengths told ahead), kept verbatim
+//! except for its imports so the simulator can score it beside the current one. Not used
+//! by the crate.
 #![allow(dead_code)]
 use std::collections::VecDeque;
 

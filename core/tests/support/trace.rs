@@ -1,11 +1,11 @@
-//! Decision traces (issue 25): every call into the controller, with its inputs, the
-//! decisions it returned and the state the trainer reads after it, folded into one hash
-//! per run. The hashes recorded from the controller as it was before its restructure are
-//! kept in `core/tests/traces/`; a test replays the same runs and compares, run by run, so
-//! any change of behaviour (a decision, a number in one, a step it comes at) fails it.
+//! Decision traces: every call into the controller, with its inputs, the decisions it
+//! returned and the state the trainer reads after it, folded into one hash per run. The
+//! recorded hashes are kept in `core/tests/traces/`; a test replays the same runs and
+//! compares, run by run, so any change of behaviour (a decision, a number in one, a step
+//! it comes at) fails it.
 //!
 //! To re-record after a change of behaviour that is meant (a separate commit, with the
-//! simulator table before and after in docs/BENCHMARKS.md):
+//! simulator table in docs/BENCHMARKS.md measured again):
 //! `HEADROOM_TRACE_RECORD=1 cargo test -p headroom-core --release --test <name> -- --nocapture`
 //! prints `TRACE <key> <hash>` lines instead of checking; sort them into the file.
 //! `HEADROOM_TRACE_DUMP=<dir>` also writes each run's full trace, one file per key, to
