@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
-use headroom_core::config::{auto_budget, MemorySection, RunConfig};
+use headroom_core::config::{MemorySection, RunConfig};
 use headroom_core::journal::{ControllerJournal, Journaled};
 use headroom_core::policy::{ControllerConfig, Thresholds, Upcoming};
 use headroom_core::protocol::JobRank;
@@ -18,8 +18,9 @@ use headroom_host::logger;
 use headroom_host::sampler::{AllocatorSource, Sampler};
 use headroom_host::server::{self, ServeOptions, Server};
 use headroom_host::session::{
-    budget_below_held, controller_config, hard_limit_notice, limit_notice, resume_controller,
-    resumed_auto_budget, run_bus, Driver, Handled, Measured, Session, Sinks, StepDone, StepPeak,
+    budget_below_held, controller_config, hard_limit_notice, limit_notice, resolved_auto_budget,
+    resume_controller, resumed_auto_budget, run_bus, Driver, Handled, Measured, Session, Sinks,
+    StepDone, StepPeak,
 };
 use headroom_host::{procmem, rundir};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -120,17 +121,12 @@ fn resolve_limit(
         None if mem.is_auto_budget() && !cuda => {
             let held = procmem::rss_bytes().ok_or("cannot read VmRSS from /proc/self/status")?;
             let available = procmem::host_available_bytes().unwrap_or(0);
-            let b = auto_budget(held, available);
-            notices.push(Notice::new(
-                Level::Info,
-                "memory",
-                format!(
-                    "memory budget auto: {} (this process's {} plus {} for activations)",
-                    fmt_bytes(b),
-                    fmt_bytes(held),
-                    fmt_bytes(b - held)
-                ),
-            ));
+            let (b, notice) = resolved_auto_budget(
+                held,
+                available,
+                "give headroom.Run(memory_budget=None) (all host memory) or a size to change it",
+            );
+            notices.push(notice);
             Some(b)
         }
         None => None,

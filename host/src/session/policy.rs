@@ -131,3 +131,18 @@ pub fn hard_limit_notice(budget: u64, cap: u64) -> Notice {
         ),
     )
 }
+
+/// `memory_budget = "auto"` on the CPU: what this process holds now (`held`) plus room for
+/// activations from what the host has `available`, and the notice that says so; `change`
+/// says how the user's setting changes it.
+pub fn resolved_auto_budget(held: u64, available: u64, change: &str) -> (u64, Notice) {
+    let budget = headroom_core::config::auto_budget(held, available);
+    let text = format!(
+        "memory budget auto: {} (this process's {} plus {} for activations), so the \
+         controller fits the micro-batch to it; {change}",
+        fmt_bytes(budget),
+        fmt_bytes(held),
+        fmt_bytes(budget - held)
+    );
+    (budget, Notice::new(Level::Info, "memory", text))
+}

@@ -8,8 +8,8 @@ use headroom_core::units::fmt_bytes;
 use headroom_core::{Bus, Level, Notice, RunConfig, Telemetry};
 use headroom_host::procmem;
 use headroom_host::session::{
-    budget_below_held, controller_config, hard_limit_notice, limit_notice, resume_controller,
-    resumed_auto_budget, Driver, Session,
+    budget_below_held, controller_config, hard_limit_notice, limit_notice, resolved_auto_budget,
+    resume_controller, resumed_auto_budget, Driver, Session,
 };
 use tch::{Device, TchError};
 
@@ -249,21 +249,14 @@ impl Trainer {
             let held = procmem::rss_bytes();
             let available = procmem::host_available_bytes();
             if let (Some(held), Some(available)) = (held, available) {
-                let b = headroom_core::config::auto_budget(held, available);
+                let (b, notice) = resolved_auto_budget(
+                    held,
+                    available,
+                    "set memory.memory_budget = \"\" (all host memory) or --memory-budget SIZE \
+                     to change it",
+                );
                 budget = Some(b);
-                notices.push(Notice::new(
-                    Level::Info,
-                    "memory",
-                    format!(
-                        "memory budget auto: {} (this process's {} once the model exists, plus \
-                         {} for activations), so the controller fits the micro-batch to it; \
-                         set memory.memory_budget = \"\" (all host memory) or --memory-budget \
-                         SIZE to change it",
-                        fmt_bytes(b),
-                        fmt_bytes(held),
-                        fmt_bytes(b - held)
-                    ),
-                ));
+                notices.push(notice);
             }
         }
         if mem.hard_limit && device != Device::Cpu {
