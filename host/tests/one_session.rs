@@ -59,7 +59,9 @@ fn every_command_answer_is_written_once_in_the_session() {
         "paused after step",
         "resumed at step",
         "stopping after step",
-        "precision and activation checkpointing are set",
+        "is set by its script",
+        "precision is already",
+        "activation checkpointing is already",
         "has no micro-batch",
     ] {
         assert_eq!(

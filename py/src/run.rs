@@ -13,7 +13,9 @@ use headroom_core::journal::{ControllerJournal, Journaled};
 use headroom_core::policy::{ControllerConfig, Thresholds, Upcoming};
 use headroom_core::protocol::JobRank;
 use headroom_core::units::fmt_bytes;
-use headroom_core::{Command, Level, Notice, RunInfo, RunStatus, Telemetry};
+use headroom_core::{
+    Checkpointing, Command, Level, Notice, Precision, RunInfo, RunStatus, Telemetry,
+};
 use headroom_host::logger;
 use headroom_host::sampler::{AllocatorSource, Sampler};
 use headroom_host::server::{self, ServeOptions, Server};
@@ -83,12 +85,14 @@ impl NativeRun {
         };
         let id = self.next_id;
         self.next_id += 1;
-        let kind = match cmd {
-            Command::Checkpoint => "checkpoint",
-            _ => "free_cache",
+        let kind = match &cmd {
+            Command::Checkpoint => "checkpoint".to_string(),
+            Command::SetPrecision { precision } => format!("precision:{precision}"),
+            Command::SetCheckpointing { checkpoint } => format!("checkpointing:{checkpoint}"),
+            _ => "free_cache".to_string(),
         };
         self.pending.insert(id, cmd);
-        Some((id, kind.to_string()))
+        Some((id, kind))
     }
 
     /// Ends the run: the last records out, then every thread and socket gone (with the
@@ -384,6 +388,54 @@ impl NativeRun {
         Ok(())
     }
 
+    /// The levers this run switches itself, as they are now: `precision` ("fp32", "bf16",
+    /// "fp16") when its `run.backward` runs the forward under the run's autocast,
+    /// `checkpointing` ("none", "blocks") when it names blocks to checkpoint. Out of
+    /// micro-batch sizes, checkpointing goes on before the run gives up.
+    #[pyo3(signature = (precision=None, checkpointing=None))]
+    fn levers(&mut self, precision: Option<&str>, checkpointing: Option<&str>) -> PyResult<()> {
+        let precision = precision
+            .map(|p| p.parse::<Precision>())
+            .transpose()
+            .map_err(value_error)?;
+        let checkpointing = checkpointing
+            .map(|c| c.parse::<Checkpointing>())
+            .transpose()
+            .map_err(value_error)?;
+        self.session.set_levers(precision, checkpointing, true);
+        Ok(())
+    }
+
+    /// Python switched a lever (`lever`: "precision" or "checkpointing") from `was` to
+    /// `to`, asked by `source` ("command" or "controller"); what to answer. The next
+    /// step's peak says what it freed, as a controller decision.
+    fn switched(&mut self, lever: &str, was: &str, to: &str, source: &str) -> PyResult<String> {
+        let source = match source {
+            "command" => "command",
+            "controller" => "controller",
+            other => {
+                return Err(value_error(format!(
+                    "source {other:?}: command or controller"
+                )))
+            }
+        };
+        match lever {
+            "precision" => Ok(self.session.switched_precision(
+                was.parse().map_err(value_error)?,
+                to.parse().map_err(value_error)?,
+                source,
+            )),
+            "checkpointing" => Ok(self.session.switched_checkpointing(
+                was.parse().map_err(value_error)?,
+                to.parse().map_err(value_error)?,
+                source,
+            )),
+            other => Err(value_error(format!(
+                "lever {other:?}: precision or checkpointing"
+            ))),
+        }
+    }
+
     /// What a checkpoint needs to continue this run as if never interrupted, as JSON: the
     /// steps done, the tokens seen and the controller's journal (adaptive runs).
     fn state(&self) -> PyResult<String> {
@@ -508,14 +560,15 @@ impl NativeRun {
     }
 
     /// An out-of-memory error in a step's attempt: the micro-batch to retry the
-    /// remaining samples with (`None`: give up), and whether to free the cache.
+    /// remaining samples with (`None`: give up), whether to free the cache, and whether to
+    /// switch activation checkpointing on first (the last resort, out of sizes).
     fn oom(
         &mut self,
         step: u64,
         micro_batch: usize,
         seq_len: usize,
         error: &str,
-    ) -> PyResult<(Option<usize>, bool)> {
+    ) -> PyResult<(Option<usize>, bool, bool)> {
         let after = self
             .session
             .oom(step, micro_batch, seq_len, error)
@@ -524,7 +577,11 @@ impl NativeRun {
             // The give-up runs while the cap may be full; the tests fill it here.
             procmem::fill_cap_if_asked();
         }
-        Ok((after.retry_with, after.free_cache))
+        Ok((
+            after.retry_with,
+            after.free_cache,
+            after.switch_checkpointing,
+        ))
     }
 
     /// A completed step's figures.

@@ -53,20 +53,33 @@ impl Session {
                 }
                 None => self.answer(cmd, "refused: a watch-only run has no micro-batch".into()),
             },
-            Command::SetPrecision { .. } | Command::SetCheckpointing { .. }
-                if !self.driver.levers =>
-            {
-                self.answer(
+            Command::SetPrecision { precision } => match self.precision {
+                None => self.answer(
                     cmd,
-                    "refused: a Python run's precision and activation checkpointing are set \
-                     by its script"
+                    "refused: this run's precision is set by its script (give \
+                     headroom.Run(precision=\"fp32\") and the run switches autocast in its \
+                     run.backward)"
                         .into(),
-                )
-            }
-            Command::SetPrecision { .. }
-            | Command::SetCheckpointing { .. }
-            | Command::Checkpoint
-            | Command::FreeCache => return Handled::Driver(cmd),
+                ),
+                Some(now) if now == precision => {
+                    self.answer(cmd, format!("precision is already {precision}"))
+                }
+                Some(_) => return Handled::Driver(cmd),
+            },
+            Command::SetCheckpointing { checkpoint } => match self.checkpointing {
+                None => self.answer(
+                    cmd,
+                    "refused: this run's activation checkpointing is set by its script (give \
+                     headroom.Run(checkpoint_blocks=[…]) with the modules to checkpoint)"
+                        .into(),
+                ),
+                Some(now) if now == checkpoint => self.answer(
+                    cmd,
+                    format!("activation checkpointing is already {checkpoint}"),
+                ),
+                Some(_) => return Handled::Driver(cmd),
+            },
+            Command::Checkpoint | Command::FreeCache => return Handled::Driver(cmd),
         }
         Handled::Answered
     }

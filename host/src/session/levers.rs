@@ -3,6 +3,7 @@
 //! it, as a controller decision ([`Decision::Lever`]) the log, the dashboard and a replay
 //! all show.
 use headroom_core::policy::{Decision, LeverPeak};
+use headroom_core::{Checkpointing, Precision};
 
 use super::Session;
 
@@ -38,11 +39,38 @@ impl PendingSwitch {
 }
 
 impl Session {
+    /// The driver switched precision `was` → `to` (`source`: `command`, `controller`); the
+    /// answer to say.
+    pub fn switched_precision(
+        &mut self,
+        was: Precision,
+        to: Precision,
+        source: &'static str,
+    ) -> String {
+        if self.precision.is_some() {
+            self.precision = Some(to);
+        }
+        self.lever_switched(format!("precision {was} → {to}"), source)
+    }
+
+    /// The driver switched activation checkpointing `was` → `to`; the answer to say.
+    pub fn switched_checkpointing(
+        &mut self,
+        was: Checkpointing,
+        to: Checkpointing,
+        source: &'static str,
+    ) -> String {
+        if self.checkpointing.is_some() {
+            self.checkpointing = Some(to);
+        }
+        self.lever_switched(format!("activation checkpointing {was} → {to}"), source)
+    }
+
     /// A lever switched by the driver (`what`: `precision fp32 → bf16`), from the next
     /// step on; the answer to say. The next step's peak says what it freed
     /// ([`Session::measured`]); two switches before one step are said together, against
     /// the peak before the first.
-    pub fn lever_switched(&mut self, what: String, source: &'static str) -> String {
+    fn lever_switched(&mut self, what: String, source: &'static str) -> String {
         let text = format!("{what} from step {}", self.step + 1);
         self.switch = Some(match self.switch.take() {
             Some(earlier) => PendingSwitch {

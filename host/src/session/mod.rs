@@ -23,8 +23,8 @@ use std::time::Instant;
 use headroom_core::journal::Journaled;
 use headroom_core::policy::{Decision, Profile, StepObservation, Thresholds, Upcoming};
 use headroom_core::{
-    Bus, Level, MemoryParts, MemorySummary, Notice, PlanCheck, RunInfo, RunStatus, RunSummary,
-    StepMemory, StepMetrics, Telemetry,
+    Bus, Checkpointing, Level, MemoryParts, MemorySummary, Notice, PlanCheck, Precision, RunInfo,
+    RunStatus, RunSummary, StepMemory, StepMetrics, Telemetry,
 };
 
 /// What the driver of a run can do, which decides how the session answers.
@@ -33,26 +33,22 @@ pub struct Driver {
     /// The training loop is the user's script: a stop is a flag it reads, not a boundary
     /// the session's driver stops at by itself.
     pub script: bool,
-    /// The driver switches precision and activation checkpointing; without, a lever
-    /// command is refused here.
-    pub levers: bool,
     /// A stop saves a checkpoint (the built-in always; a script when it gave a callback).
     pub checkpoints: bool,
 }
 
 impl Driver {
-    /// `headroom train`: it owns the model, its levers and its checkpoints.
+    /// `headroom train`: it owns the model, its levers ([`Session::set_levers`]) and its
+    /// checkpoints.
     pub const BUILT_IN: Driver = Driver {
         script: false,
-        levers: true,
         checkpoints: true,
     };
 
-    /// A Python loop (`headroom.Run`): its script sets precision and checkpointing.
+    /// A Python loop (`headroom.Run`): levers only where it hands them to the run.
     pub fn script(checkpoints: bool) -> Driver {
         Driver {
             script: true,
-            levers: false,
             checkpoints,
         }
     }
@@ -97,9 +93,12 @@ pub struct Next {
 /// What an out-of-memory error leads to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AfterOom {
-    /// The micro-batch to retry with; `None`: the controller gives up.
+    /// The micro-batch to retry with; `None`: the run gives up.
     pub retry_with: Option<usize>,
     pub free_cache: bool,
+    /// Out of sizes, activation checkpointing is the last resort: the driver switches it
+    /// on ([`Session::switched_checkpointing`]) before the retry.
+    pub switch_checkpointing: bool,
 }
 
 /// One run's state and its voice on the bus.
@@ -131,6 +130,14 @@ pub struct Session {
     switch: Option<PendingSwitch>,
     /// The last completed step's peak, what a lever switch is measured against.
     last_measured: Option<Measured>,
+    /// The driver's precision, where it can switch it (a lever command for one it cannot
+    /// is refused here).
+    precision: Option<Precision>,
+    /// The driver's activation checkpointing, where it can switch it.
+    checkpointing: Option<Checkpointing>,
+    /// Out of micro-batch sizes, checkpointing goes on and the step is retried
+    /// (`memory.auto_checkpoint`; a Python run with a checkpointing lever).
+    auto_checkpoint: bool,
 }
 
 impl Session {
@@ -161,7 +168,24 @@ impl Session {
             stop_requested: false,
             switch: None,
             last_measured: None,
+            precision: None,
+            checkpointing: None,
+            auto_checkpoint: false,
         }
+    }
+
+    /// The levers the driver can switch, as they are now (`None`: not this driver's to
+    /// switch); `auto_checkpoint`: out of sizes, checkpointing goes on rather than the run
+    /// giving up.
+    pub fn set_levers(
+        &mut self,
+        precision: Option<Precision>,
+        checkpointing: Option<Checkpointing>,
+        auto_checkpoint: bool,
+    ) {
+        self.precision = precision;
+        self.checkpointing = checkpointing;
+        self.auto_checkpoint = auto_checkpoint && checkpointing.is_some();
     }
 
     /// Makes the run adaptive: `controller` decides its micro-batch from now on.
@@ -381,9 +405,35 @@ impl Session {
             error: error.lines().next().unwrap_or_default().to_string(),
         });
         let free_cache = self.decided(step, outcome.decisions);
+        let last_resort = outcome.retry_with.is_none()
+            && self.auto_checkpoint
+            && self.checkpointing.is_some_and(|c| !c.is_on());
+        if last_resort {
+            // The smallest micro-batch does not fit: recomputing the blocks' activations
+            // may make it fit, which beats stopping (the user opted in).
+            self.notice(
+                Level::Warn,
+                "memory",
+                format!(
+                    "step {step} ran out of memory at the smallest micro-batch ({micro_batch} \
+                     × {seq_len} tokens): activation checkpointing is now on \
+                     ({}) and the step is retried",
+                    if self.driver.script {
+                        "the run's checkpointing lever"
+                    } else {
+                        "memory.auto_checkpoint"
+                    }
+                ),
+            );
+        }
         Some(AfterOom {
-            retry_with: outcome.retry_with,
+            retry_with: if last_resort {
+                Some(micro_batch)
+            } else {
+                outcome.retry_with
+            },
             free_cache,
+            switch_checkpointing: last_resort,
         })
     }
 

@@ -16,6 +16,9 @@ fn session(driver: Driver, adaptive: bool) -> (Session, BusReceivers) {
         };
         s.set_controller(Journaled::new(cfg, Thresholds::default(), 1 << 30, 8));
     }
+    if !driver.script {
+        s.set_levers(Some(Precision::Fp32), Some(Checkpointing::None), false);
+    }
     (s, rx)
 }
 
@@ -113,6 +116,10 @@ fn lever_commands_go_to_a_driver_that_can_switch_and_are_refused_by_one_that_can
     let (mut s, rx) = session(Driver::BUILT_IN, true);
     assert_eq!(s.handle(cmd.clone()), Handled::Driver(cmd.clone()));
     assert!(answers(&rx).is_empty());
+    // A switch to what is in force is answered without the driver.
+    s.switched_precision(Precision::Fp32, Precision::Bf16, "command");
+    assert_eq!(s.handle(cmd.clone()), Handled::Answered);
+    assert_eq!(answers(&rx), ["precision is already bf16"]);
     let (mut s, rx) = session(Driver::script(true), true);
     assert_eq!(s.handle(cmd), Handled::Answered);
     let ck = Command::SetCheckpointing {
@@ -208,10 +215,10 @@ fn a_lever_switch_is_measured_at_the_next_step_against_the_last() {
     assert!(!s.measured(m(3, 300 << 20)));
     s.resume_at(3, 0, None);
     assert_eq!(
-        s.lever_switched("precision fp32 → bf16".into(), "command"),
+        s.switched_precision(Precision::Fp32, Precision::Bf16, "command"),
         "precision fp32 → bf16 from step 4"
     );
-    s.lever_switched("activation checkpointing none → blocks".into(), "command");
+    s.switched_checkpointing(Checkpointing::None, Checkpointing::Blocks, "command");
     assert!(s.measured(m(4, 200 << 20)));
     let lever = said(&rx)
         .into_iter()
@@ -277,4 +284,28 @@ fn an_oom_is_counted_said_and_answered_with_a_smaller_retry() {
         })
         .unwrap();
     assert_eq!(error, "CUDA out of memory");
+}
+
+#[test]
+fn out_of_sizes_a_checkpointing_lever_is_the_last_resort_once() {
+    let (mut s, rx) = session(Driver::script(true), true);
+    let give_up = |s: &mut Session| loop {
+        let after = s.oom(1, 1, 64, "out of memory").unwrap();
+        if after.retry_with.is_none() || after.switch_checkpointing {
+            break after;
+        }
+    };
+    // Without the lever: the controller's give-up stands.
+    assert_eq!(give_up(&mut s).retry_with, None);
+    let (mut s, _rx2) = session(Driver::script(true), true);
+    s.set_levers(None, Some(Checkpointing::None), true);
+    let after = give_up(&mut s);
+    assert_eq!(
+        (after.retry_with, after.switch_checkpointing),
+        (Some(1), true)
+    );
+    s.switched_checkpointing(Checkpointing::None, Checkpointing::Blocks, "controller");
+    // With it on, nothing is left: the next give-up is final.
+    assert_eq!(give_up(&mut s).retry_with, None);
+    drop(rx);
 }

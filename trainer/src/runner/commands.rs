@@ -53,12 +53,13 @@ impl Trainer {
                 ),
                 Err(e) => format!("checkpoint failed: {e}"),
             },
+            // The session answers a switch to what is in force already.
             Command::SetPrecision { precision } => self
                 .switch_precision(precision, "command")
-                .unwrap_or_else(|| format!("precision is already {precision}")),
+                .unwrap_or_default(),
             Command::SetCheckpointing { checkpoint } => self
                 .switch_checkpointing(checkpoint, "command")
-                .unwrap_or_else(|| format!("activation checkpointing is already {checkpoint}")),
+                .unwrap_or_default(),
             Command::FreeCache => {
                 let (what, before) = oom::held(self.device);
                 match oom::free_cached(self.device) {
@@ -86,10 +87,7 @@ impl Trainer {
         }
         self.model.set_precision(to);
         self.cfg.model.precision = to;
-        Some(
-            self.session
-                .lever_switched(format!("precision {was} → {to}"), source),
-        )
+        Some(self.session.switched_precision(was, to, source))
     }
 
     /// An activation-checkpointing switch, from the next step on.
@@ -104,9 +102,6 @@ impl Trainer {
         }
         self.model.set_checkpointing(to);
         self.cfg.model.checkpoint = to;
-        Some(
-            self.session
-                .lever_switched(format!("activation checkpointing {was} → {to}"), source),
-        )
+        Some(self.session.switched_checkpointing(was, to, source))
     }
 }

@@ -191,6 +191,11 @@ impl Trainer {
             cfg.run.steps,
         );
         session.set_controller(controller);
+        session.set_levers(
+            Some(cfg.model.precision),
+            Some(cfg.model.checkpoint),
+            cfg.memory.auto_checkpoint,
+        );
         session.resume_at(
             start_step,
             tokens_seen,

@@ -363,23 +363,10 @@ impl Trainer {
             self.free_cache_if(after.free_cache);
         }
         self.snapshot_oom(plan.step);
-        if after.is_some_and(|a| a.retry_with.is_some()) {
-            return Ok(());
-        }
-        if self.cfg.memory.auto_checkpoint && !self.model.checkpointing().is_on() {
-            // The smallest micro-batch does not fit: recomputing the blocks' activations
-            // may make it fit, which beats stopping (the user opted in).
+        if after.is_some_and(|a| a.switch_checkpointing) {
             self.switch_checkpointing(Checkpointing::Blocks, "controller");
-            self.session.notice(
-                Level::Warn,
-                "memory",
-                format!(
-                    "step {} ran out of memory at the smallest micro-batch ({} × {} tokens): \
-                     activation checkpointing is now on (memory.auto_checkpoint) and the step \
-                     is retried",
-                    plan.step, plan.micro_batch, plan.seq_len
-                ),
-            );
+        }
+        if after.is_some_and(|a| a.retry_with.is_some()) {
             return Ok(());
         }
         // The give-up runs while the cap may be full; the tests fill it here. Its record,

@@ -1,0 +1,90 @@
+"""The memory levers a run switches itself, as `headroom train` does: activation
+checkpointing of the blocks the script names, and the precision its forward runs at.
+
+A script hands them to its run (``headroom.Run(checkpoint_blocks=model.blocks,
+precision="fp32")``); the dashboard's ``a`` and ``m`` (or a viewer's command) then switch
+them at a step boundary, and out of micro-batch sizes the run switches checkpointing on
+before it gives up. Checkpointing recomputes a block's activations in backward with the
+random state it had in forward, so nothing learned changes; bf16 is a change of what is
+computed, said as such.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterable
+
+import torch
+from torch.utils.checkpoint import checkpoint as _recompute
+
+PRECISIONS = ("fp32", "bf16")
+
+
+class Levers:
+    """The run's levers and their state; a lever the script did not hand over is None."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        precision: str | None = None,
+        blocks: Iterable[torch.nn.Module] | None = None,
+        switch: Callable[[bool], Any] | None = None,
+    ):
+        if precision is not None and precision not in PRECISIONS:
+            raise ValueError(
+                f'precision={precision!r}: give "fp32" or "bf16" (the precision the run\'s '
+                "forward starts at; the dashboard's m switches it)"
+            )
+        self.device = device
+        self.precision = precision
+        self._blocks = None if blocks is None else list(blocks)
+        if self._blocks is not None:
+            bad = [b for b in self._blocks if not isinstance(b, torch.nn.Module)]
+            if bad or not self._blocks:
+                raise TypeError(
+                    "checkpoint_blocks= takes the modules to checkpoint, e.g. "
+                    f"checkpoint_blocks=model.blocks (got {type(bad[0]).__name__ if bad else 'none'})"
+                )
+        self._switch = switch
+        self.checkpointing = (
+            "none" if (self._blocks is not None or switch is not None) else None
+        )
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The context the forward runs in: bf16 autocast when the precision is bf16."""
+        if self.precision == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def set_precision(self, to: str) -> str:
+        """Switches the precision; what it was."""
+        was, self.precision = self.precision, to
+        return was
+
+    def set_checkpointing(self, to: str) -> str:
+        """Switches checkpointing (``none`` or ``blocks``); what it was."""
+        on = to != "none"
+        if self._switch is not None:
+            self._switch(on)
+        for block in self._blocks or ():
+            _recomputed(block, on)
+        was, self.checkpointing = self.checkpointing, to
+        return was
+
+
+def _recomputed(block: torch.nn.Module, on: bool) -> None:
+    """Wraps (or unwraps) `block`'s forward in ``torch.utils.checkpoint``: in training,
+    its activations are dropped after forward and recomputed in backward."""
+    if not on:
+        block.__dict__.pop("forward", None)
+        return
+    if "forward" in block.__dict__:
+        return
+    forward = block.forward
+
+    def recomputing(*args, **kwargs):
+        if torch.is_grad_enabled():
+            return _recompute(forward, *args, use_reentrant=False, **kwargs)
+        return forward(*args, **kwargs)
+
+    block.forward = recomputing
