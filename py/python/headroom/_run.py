@@ -895,7 +895,7 @@ def _finish_previous(name: str | None, allowed: bool) -> str | None:
     """A new run in a process whose previous run is still active (a notebook cell run
     again, a script that forgot finish()) finishes that one first, as experiment trackers'
     init does, saying so in its log and on its dashboard; returns what the new run says.
-    `allowed=False` keeps the old strictness: the new run is refused."""
+    With `allowed=False` the new run is refused instead."""
     previous = _current
     if previous is None or previous.ended or not allowed:
         return None
