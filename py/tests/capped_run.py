@@ -4,10 +4,10 @@ cap is process-wide. Prints one JSON line with what happened."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
+import capped
 import torch
 
 import headroom
@@ -25,23 +25,19 @@ def batches(steps: int, n: int):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--log", required=True)
+    ap = capped.arguments(room="160MiB")
     ap.add_argument("--steps", type=int, default=12)
-    ap.add_argument("--room", default="160MiB", help="budget above what the process holds")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--hold", type=float, default=0.0, help="seconds to wait per step")
     args = ap.parse_args()
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
+    capped.one_thread()
     model = TinyGPT(vocab=256, d=64, t=128, layers=2)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     # The optimizer's state exists before the cap is measured against the process.
     model.loss(gpt_batches(1, 2, t=128, vocab=256)[0]).backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
-    held = headroom._native.rss()
-    budget = held + headroom._native.parse_bytes(args.room)
+    budget = capped.budget(args.room)
     losses = []
     with headroom.Run(
         "capped",

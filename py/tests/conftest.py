@@ -86,6 +86,49 @@ class Viewer:
             self.sock.close()
 
 
+def steer(get_run, commands, answers: dict, errors: list) -> None:
+    """On a thread beside a framework's training loop: waits for its run (`get_run()`),
+    sends `commands` (in order) after the third step, each once the one before was
+    answered (`answers[command]`: its record), then waits for the run's end. What goes
+    wrong lands in `errors`, for the test to report."""
+    try:
+        deadline = time.monotonic() + 60
+        while get_run() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        v = Viewer(get_run().socket)
+        v.until(lambda r: r["kind"] == "step" and r["step"] >= 3)
+        for c in commands:
+            v.command(c)
+            answers[c] = v.until(
+                lambda r, c=c: (
+                    (r["kind"] == "command_applied" and r["command"]["command"] == c)
+                    or (c == "stop" and r["kind"] == "status" and r["status"] == "stopping")
+                )
+            )
+        v.until(lambda r: r["kind"] == "finished")
+    except Exception as e:  # pragma: no cover - reported by the test
+        errors.append(e)
+
+
+def assert_params_close(got, want, tol: float) -> None:
+    """Each parameter of `got` within `tol` of `want`'s: the largest absolute difference
+    of any element, the one measure of every test that compares two trainings. `got` and
+    `want` are modules (their parameters in order, named after `want`'s: a compiled or
+    wrapped module names them otherwise) or dicts of tensors by name (state_dicts)."""
+    if isinstance(want, torch.nn.Module):
+        named = list(want.named_parameters())
+        others = list(got.parameters())
+        assert len(others) == len(named), f"{len(others)} parameters against {len(named)}"
+        pairs = [(name, g, w) for (name, w), g in zip(named, others)]
+    else:
+        assert got.keys() == want.keys(), sorted(set(got) ^ set(want))
+        pairs = [(name, got[name], w) for name, w in want.items()]
+    for name, g, w in pairs:
+        assert g.shape == w.shape, f"{name}: shape {tuple(g.shape)} against {tuple(w.shape)}"
+        d = (g.detach() - w.detach()).abs().max().item() if w.numel() else 0.0
+        assert d <= tol, f"{name}: differs by {d:.2e} (tolerance {tol:.0e})"
+
+
 def records(log: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
@@ -181,7 +224,7 @@ def _child_setup() -> None:
     at their defaults, as a terminal's foreground job does. A suite started in the
     background of a non-interactive shell (`cmd &`) has both ignored, an ignore that
     every child inherits and that headroom rightly keeps (as it keeps nohup's SIGHUP),
-    so the SIGQUIT test hung there."""
+    so the SIGQUIT test would hang there."""
     import signal
 
     die_with_parent()

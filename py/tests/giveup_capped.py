@@ -6,8 +6,7 @@ message and checkpoint are made while the kernel gives no new memory at all."""
 
 from __future__ import annotations
 
-import argparse
-
+import capped
 import torch
 
 import headroom
@@ -16,13 +15,10 @@ from conftest import TinyGPT, gpt_batches
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--log", required=True)
+    ap = capped.arguments(room="96MiB")
     ap.add_argument("--ckpt", required=True, help="the file on_checkpoint writes")
-    ap.add_argument("--room", default="96MiB", help="budget above what the process holds")
     args = ap.parse_args()
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
+    capped.one_thread()
     t = 4096
     model = TinyGPT(vocab=256, d=64, t=t, layers=2)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -30,7 +26,7 @@ def main() -> int:
     model.loss(gpt_batches(1, 2, t=16, vocab=256)[0]).backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
-    budget = headroom._native.rss() + headroom._native.parse_bytes(args.room)
+    budget = capped.budget(args.room)
 
     def save(step: int) -> None:
         torch.save({"step": step, "model": model.state_dict()}, args.ckpt)

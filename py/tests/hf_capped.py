@@ -4,11 +4,10 @@ process-wide). Prints one JSON line with what happened."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
-import torch
+import capped
 import transformers
 from hf_models import Samples, tiny_gpt2, training_args
 
@@ -17,14 +16,12 @@ import headroom.hf
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--log", required=True)
+    ap = capped.arguments(room="96MiB")
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--batch", type=int, default=192)
-    ap.add_argument("--room", default="96MiB", help="budget above what the process holds")
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    capped.one_thread(seed=None)
     model = tiny_gpt2(vocab=256, ctx=128, d=64)
     ds = Samples(args.batch * args.steps, t=128, vocab=256)
     targs = training_args(
@@ -36,7 +33,7 @@ def main() -> int:
     model(**ds[0:2]).loss.backward()
     trainer.optimizer.step()
     trainer.optimizer.zero_grad(set_to_none=True)
-    budget = headroom._native.rss() + headroom._native.parse_bytes(args.room)
+    budget = capped.budget(args.room)
     headroom.hf.adapt(
         trainer, memory_budget=str(budget), hard_limit=True, log=args.log, name="hf-capped"
     )

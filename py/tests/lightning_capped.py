@@ -4,12 +4,11 @@ process-wide). Prints one JSON line with what happened."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
+import capped
 import lightning as L
-import torch
 from lightning_models import TinyAdaptive, loader
 
 import headroom
@@ -17,22 +16,19 @@ import headroom.lightning
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--log", required=True)
+    ap = capped.arguments(room="128MiB")
     ap.add_argument("--out", required=True)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--room", default="128MiB", help="budget above what the process holds")
     args = ap.parse_args()
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
+    capped.one_thread()
     gpt = dict(vocab=256, d=64, t=128, layers=2)
     model = TinyAdaptive(**gpt)
     data = loader(args.steps, args.batch, t=128, vocab=256)
     # Lightning and the model are loaded before the cap is measured against the process.
     model.net.loss(next(iter(loader(1, 2, t=128, vocab=256)))).backward()
     model.zero_grad(set_to_none=True)
-    budget = headroom._native.rss() + headroom._native.parse_bytes(args.room)
+    budget = capped.budget(args.room)
     cb = headroom.lightning.Adaptive(
         "pl-capped", memory_budget=str(budget), hard_limit=True, log=args.log
     )

@@ -1,7 +1,7 @@
-"""Compiled and wrapped models (issue 21): `headroom.Run(model=torch.compile(model))` once
-failed on `len()` of the compiled module; a compiled model in adaptive mode trains through
-micro-batches of several sizes with the batch dimension marked dynamic, so the sizes share
-one compiled graph (counted)."""
+"""Compiled and wrapped models: `headroom.Run(model=torch.compile(model))` takes the
+compiled module (which has no `len()`) as its model; a compiled model in adaptive mode
+trains through micro-batches of several sizes with the batch dimension marked dynamic, so
+the sizes share one compiled graph (counted)."""
 
 from __future__ import annotations
 

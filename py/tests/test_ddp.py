@@ -16,7 +16,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TinyGPT, finish, gpt_batches, kinds, output, torchrun, wait
+from conftest import (
+    TinyGPT,
+    assert_params_close,
+    finish,
+    gpt_batches,
+    kinds,
+    output,
+    torchrun,
+    wait,
+)
 
 HERE = Path(__file__).resolve().parent
 SEQ, WIDTH = 16, 32
@@ -36,11 +45,9 @@ def reference(
     return model.state_dict()
 
 
-def assert_params_equal(got: dict, want: dict, rel: float = 1e-5) -> None:
-    for name, w in want.items():
-        g = got[name]
-        err = ((g - w).norm() / w.norm().clamp_min(1e-12)).item()
-        assert err < rel, f"{name}: relative error {err:.2e}"
+# A parameter's largest difference from the one-process reference's (float32 rounding of
+# the all-reduce's sums and the micro-batches').
+TOL = 1e-6
 
 
 @pytest.mark.parametrize(
@@ -94,7 +101,7 @@ def test_ooms_on_one_rank_at_every_point_are_recovered_by_the_job(tmp_path, worl
         slowest = max(k["step_time_s"] for k in r["ranks"])
         assert r["agree_us"] / 1e6 < slowest + 1.0, (r["step"], r["agree_us"], r["ranks"])
     got = torch.load(tmp_path / "params.pt")
-    assert_params_equal(got, reference(steps, per_rank * world))
+    assert_params_close(got, reference(steps, per_rank * world), TOL)
 
 
 def test_a_rank_with_a_tighter_cap_splits_finer_and_the_job_trains(tmp_path):
@@ -133,7 +140,7 @@ def test_a_rank_with_a_tighter_cap_splits_finer_and_the_job_trains(tmp_path):
     decisions = kinds(capped, "decision")
     assert decisions, "the capped rank's decisions are not logged"
     got = torch.load(tmp_path / "params.pt")
-    assert_params_equal(got, reference(steps, per_rank * 2, seq, width))
+    assert_params_close(got, reference(steps, per_rank * 2, seq, width), TOL)
 
 
 def _wait_for_steps(log: Path, n: int, job: subprocess.Popen, timeout: float = 120) -> None:

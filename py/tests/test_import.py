@@ -1,7 +1,7 @@
 """`import headroom` is cheap and complete: it imports neither transformers nor lightning
 (nor torch), `headroom.hf` and `headroom.lightning` load on first use, as the README's one
-line for Hugging Face has it, and `dir(headroom)` lists what the package offers (issues 30
-and 33). Each in a fresh interpreter: this one has long imported everything."""
+line for Hugging Face has it, and `dir(headroom)` lists what the package offers. Each in
+a fresh interpreter: this one has long imported everything."""
 
 from __future__ import annotations
 

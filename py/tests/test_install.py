@@ -1,4 +1,4 @@
-"""`pip install` gives the viewer (issue 21): the wheel built from ./py, installed into a
+"""`pip install` gives the viewer: the wheel built from ./py, installed into a
 fresh venv that has no torch and no libtorch on the library path, runs `headroom ls` and
 `headroom replay --end` of a shipped run log from the venv's own console script, and
 `headroom train` there says it needs the full build.

@@ -1,5 +1,5 @@
-"""A cell or a script run again (issue 21): a second `Run` in one process finishes the
-first, said in both logs and on stderr (`finish_previous=False` keeps the old refusal), and
+"""A cell or a script run again: a second `Run` in one process finishes the first, said
+in both logs and on stderr (with `finish_previous=False` the second is refused), and
 a `log=` path holding an earlier run's log is kept, the new run logging beside it."""
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ def test_a_second_run_finishes_the_first_and_both_logs_say_so(tmp_path, capsys):
     viewer = Viewer(first.socket)
     first.report(1.5)
     first.report(1.25)
-    # The notebook cell again, without finish() (before issue 21: RunError, and `del`
-    # did not release it).
+    # The notebook cell again, without finish(): the new run finishes the old one.
     second = headroom.Run("nb", log=tmp_path / "b.jsonl")
     assert first.ended and not second.ended
     said = capsys.readouterr().err

@@ -313,7 +313,7 @@ def test_the_same_signal_again_within_a_second_is_the_same_request(tmp_path, run
     """GNU timeout, a supervisor or `kill PID; kill -PGID` deliver one SIGTERM twice
     within microseconds: the repeat is the same request, said once and ignored; the stop
     goes on. The same signal more than 1 s later, or a different signal at once, is a
-    deliberate second request and ends the process at once (issue 33)."""
+    deliberate second request and ends the process at once."""
     p, log, _ = start(tmp_path, "stuck")
     p.send_signal(signal.SIGTERM)
     _heard(p, "SIGTERM")
@@ -379,10 +379,11 @@ def test_kill_pid_then_kill_pgid_and_timeout_stop_a_run_once_with_its_checkpoint
     tmp_path, runtime_dir
 ):
     """The deliverers of a doubled SIGTERM: `kill -TERM PID` then `kill -TERM -PGID`
-    (here the second after the first was taken, where it used to end the run at once, as
-    failed), and GNU `timeout -s TERM` (the child, then its process group, microseconds
-    apart: those two the kernel may merge). Each run ends its stop: exit 0 (timeout's 124),
-    the loop finished, its checkpoint taken, the log complete, the stop said once."""
+    (here the second after the first was taken: still the same request, not a second one
+    that ends the run at once as failed), and GNU `timeout -s TERM` (the child, then its
+    process group, microseconds apart: those two the kernel may merge). Each run ends its
+    stop: exit 0 (timeout's 124), the loop finished, its checkpoint taken, the log
+    complete, the stop said once."""
     (tmp_path / "kill").mkdir()
     p, log, ck = _signalled(tmp_path / "kill")
     os.kill(p.pid, signal.SIGTERM)

@@ -1,6 +1,6 @@
 """docs/PYTHON.md's snippets and examples/python's commands run as written from a fresh
 environment that has only the user's torch (and the frameworks they use) and the pip
-install of headroom: no ./dev, no target/release, no repository on the path (issue 30).
+install of headroom: no ./dev, no target/release, no repository on the path.
 
 The environment is a fresh venv with the wheel (conftest's `wheel`) installed by pip,
 seeing the torch of the test's interpreter and its transformers and lightning through a

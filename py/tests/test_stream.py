@@ -25,8 +25,8 @@ def test_a_watch_only_run_is_listed_and_streams_its_steps(tmp_path):
     for i in range(5):
         # 40 MiB more each step: above glibc's largest mmap threshold (32 MiB), so each is
         # fresh pages. 4 MiB could reuse heap pages that earlier tests in this process
-        # freed but kept resident (their large frees raise the threshold), and the peak
-        # then did not move (seen in a full-suite run after test_plan).
+        # freed but kept resident (their large frees raise the threshold, as test_plan's
+        # do), and the peak would then not move.
         keep.append(torch.ones(10 << 20))
         run.report(1.0 / (i + 1), samples=32)
     step = v.until(lambda r: r["kind"] == "step" and r["step"] == 5)
@@ -87,7 +87,7 @@ def test_commands_from_a_viewer_reach_the_loop_and_are_confirmed(tmp_path):
         v.command("resume")
         v.until(lambda r: r["kind"] == "status" and r["status"] == "running")
         gap["paused_s"] = time.monotonic() - t0
-        # A CPU run's samples carry the heap (issue 21): `f` trims it, and the count says so.
+        # A CPU run's samples carry the heap: `f` trims it, and the count says so.
         heap = v.until(lambda r: r["kind"] == "sample" and r.get("heap"))["heap"]
         answers["heap_before"] = heap
         v.command("free_cache")

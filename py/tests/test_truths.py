@@ -1,4 +1,4 @@
-"""What a Python run says is true (issue 30): its warnings name the user's optimizer and
+"""What a Python run says is true: its warnings name the user's optimizer and
 are true of it, its threshold profile is the one in force, a batch of another size or a
 micro-batch out of range is said, a stop promises no checkpoint it will not take, a moved
 log is said on stderr, a type mistake names the argument, what it got and what it takes,

@@ -1,12 +1,14 @@
 """Checks of what a loop hands headroom: each error names the argument, what it got and
 what it takes (docs/PYTHON.md, "Errors"). A wrong type is a TypeError, a value out of
 range a ValueError, both raised before anything else happens (no previous run is
-finished, no socket opened, no hard cap set)."""
+finished, no socket opened, no hard cap set). A loss that is not a scalar is a
+LossError (a ValueError)."""
 
 from __future__ import annotations
 
 import operator
 import os
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -193,3 +195,94 @@ def optimizer(v: Any) -> None:
         f"run.step(optimizer): got {_got(v)}{hint}; give the optimizer that updates the "
         "model, e.g. opt = torch.optim.AdamW(model.parameters()); run.step(opt)"
     )
+
+
+# What SIGUSR1/SIGUSR2 may mean (`on_usr1=`, `on_usr2=`; the binary's `run.on_usr1`).
+USER_SIGNAL_ACTIONS = ("stop", "checkpoint")
+
+
+def user_signal_action(what: str, v: Any, on_checkpoint: Any) -> None:
+    if v not in USER_SIGNAL_ACTIONS:
+        raise ValueError(
+            f'{what}={v!r} is not an action; use "stop" (checkpoint and stop, the '
+            'default) or "checkpoint" (checkpoint at the step\'s end and go on)'
+        )
+    if v == "checkpoint" and on_checkpoint is None:
+        raise ValueError(
+            f'{what}="checkpoint" needs on_checkpoint=fn (fn(step) saving and '
+            "returning the path): without it the signal would save nothing"
+        )
+
+
+def run_arguments(given: dict[str, Any]) -> SimpleNamespace:
+    """headroom.Run's arguments, by name, each checked (the first mistake in this order is
+    the one raised) and normalised."""
+    a = SimpleNamespace(**given)
+    a.name = name(a.name)
+    model(a.model)
+    a.device = device(a.device)
+    a.total_steps = whole("total_steps", a.total_steps, 0, 1000)
+    a.effective_batch = optional_whole("effective_batch", a.effective_batch, 1)
+    a.micro_batch = optional_whole("micro_batch", a.micro_batch, 1, 8)
+    a.min_micro_batch = whole("min_micro_batch", a.min_micro_batch, 0, 1)
+    a.max_micro_batch = optional_whole("max_micro_batch", a.max_micro_batch, 1)
+    a.max_seq_len = optional_whole("max_seq_len", a.max_seq_len, 0, 1024)
+    for what in ("adaptive", "hard_limit", "job_view", "finish_previous", "oom_snapshot"):
+        flag(what, getattr(a, what))
+    a.memory_budget = memory_budget(a.memory_budget)
+    a.thresholds = thresholds(a.thresholds)
+    a.profile = profile(a.profile)
+    a.log = path("log", a.log)
+    a.listen = listen(a.listen)
+    callback(
+        "on_checkpoint", a.on_checkpoint, "a function fn(step) that saves and returns the path"
+    )
+    a.sample_hz = number("sample_hz", a.sample_hz, positive=True)
+    for what in ("on_usr1", "on_usr2"):
+        user_signal_action(what, getattr(a, what), a.on_checkpoint)
+    return a
+
+
+def _loss_error(text: str) -> Exception:
+    from ._run import LossError  # _run imports this module
+
+    return LossError(text)
+
+
+def loss_value(x: Any, what: str) -> float:
+    """A loss as a float: a number or a one-element tensor. A string is refused even
+    when it reads as a number ("nan", "0.5"): a loop that hands one is mistaken."""
+    if isinstance(x, torch.Tensor):
+        if x.numel() != 1:
+            raise _loss_error(
+                f"{what} is a tensor of shape {tuple(x.shape)}; give a scalar (e.g. the "
+                "loss's .mean())"
+            )
+        return float(x.detach())
+    if not isinstance(x, (str, bytes, bool)):
+        try:
+            return float(x)
+        except (TypeError, ValueError):
+            pass
+    raise _loss_error(
+        f"{what} is {_got(x)}; give a number (a float) or a one-element tensor"
+    ) from None
+
+
+def micro_batch_loss(loss: Any, step: int, start: int, end: int) -> None:
+    """What loss_fn returned for samples [start, end): a scalar tensor with its graph."""
+    if not isinstance(loss, torch.Tensor):
+        raise _loss_error(
+            f"step {step}: loss_fn returned {type(loss).__name__} for samples [{start}, {end}); "
+            "return the micro-batch's loss as a scalar tensor (with its graph, not .item())"
+        )
+    if loss.numel() != 1:
+        raise _loss_error(
+            f"step {step}: loss_fn returned a tensor of shape {tuple(loss.shape)} for samples "
+            f"[{start}, {end}); return a scalar (e.g. reduce it with .mean())"
+        )
+    if not loss.requires_grad:
+        raise _loss_error(
+            f"step {step}: the loss of samples [{start}, {end}) does not require grad (was it "
+            "computed under torch.no_grad(), or detached?); return the loss with its graph"
+        )

@@ -85,3 +85,17 @@ def seq_len_of(batch: Any) -> int:
         if t.dim() >= 2 and not t.is_floating_point() and not t.is_complex():
             return int(t.shape[1])
     return 1
+
+
+def samples_of(batch: Any) -> int:
+    """With split=: the samples of a tensor (dim 0) or of a list (one item a sample). Any
+    other batch must say (samples=): a tuple's, dict's or custom class's len() counts its
+    fields, not its samples, and a wrapped object may have no len() at all."""
+    if isinstance(batch, torch.Tensor) and batch.dim() > 0:
+        return int(batch.shape[0])
+    if isinstance(batch, list):
+        return len(batch)
+    raise ValueError(
+        f"with split=, give samples=N: the batch is a {type(batch).__name__}, whose "
+        "samples headroom cannot count (only a tensor's dim 0 or a list's items are)"
+    )

@@ -121,6 +121,21 @@ def refuse_unsupported(model: Any, world: int) -> None:
         )
 
 
+def refuse_process_group() -> None:
+    """run.backward() in a run that joined no job, under a process group of many ranks."""
+    from ._run import RunError
+
+    world = world_size()
+    if world > 1:
+        raise RunError(
+            f"run.backward() under an initialised process group of {world} ranks: each rank "
+            "would pick its own micro-batches, and DDP's gradient all-reduce would then wait "
+            "for backward passes other ranks never make (a deadlock). Synchronised adaptive "
+            "batching across ranks is not built yet; watch each rank with run.report(loss) "
+            "instead"
+        )
+
+
 @dataclass
 class Agreement:
     """What every rank learned at one agreement: the same on every rank."""

@@ -1,13 +1,15 @@
-"""`headroom.Run`: a PyTorch training loop on headroom's stream, watched or steered."""
+"""`headroom.Run`: a PyTorch training loop on headroom's stream, watched or steered.
+
+The class is made of three parts: this module (the loop's calls, the adaptive step, the
+step boundary), `_signals` (the signals that would end the process) and `_job` (a rank
+of a torchrun job)."""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import gc
 import math
 import os
-import signal
 import sys
 import threading
 import time
@@ -16,7 +18,9 @@ from typing import Any, Callable
 
 import torch
 
-from . import _args, _batch, _dist, _native, _torch
+from . import _args, _batch, _dist, _job, _native, _torch
+from ._job import JobRank
+from ._signals import StopSignals
 
 LossFn = Callable[[Any], torch.Tensor]
 
@@ -39,20 +43,8 @@ class LossError(ValueError):
 
 
 _current: Run | None = None
-# run.backward's answer to run.step when a torchrun job gave the step up (a stop).
-_GIVEN_UP = ("given up",)
 _current_lock = threading.Lock()
 _uncaught: list[BaseException] = []
-
-
-def _dropped(done: int, samples: int) -> str:
-    """What a stop drops of a step given up after `done` of its `samples`: its gradients
-    are partial only when some samples were through and some still to come."""
-    if done == 0:
-        return "nothing of it had been computed"
-    if done >= samples:
-        return "its gradients, complete but not yet applied, are dropped"
-    return "its partial gradients are dropped"
 
 
 def _excepthook(kind, value, tb):
@@ -69,58 +61,24 @@ def _default_name() -> str:
     return script or "python"
 
 
-# Signals whose default action ends the process (where the platform has them).
-_STOP_SIGNALS = tuple(
-    getattr(signal, n)
-    for n in (
-        "SIGTERM",
-        "SIGHUP",
-        "SIGQUIT",
-        "SIGUSR1",
-        "SIGUSR2",
-        "SIGXCPU",
-        "SIGPWR",
-        "SIGVTALRM",
-        "SIGPROF",
-    )
-    if hasattr(signal, n)
-)
-# A repeat of the stop signal within this many seconds of the first is the same request
-# (GNU timeout, a supervisor or `kill -TERM -PGID` deliver it twice within microseconds);
-# a different signal, or the same one later, is a deliberate second request. The binary
-# keeps the same rule (docs/RELIABILITY.md).
-SAME_SIGNAL_WINDOW_S = 1.0
+def _claim(run: Run) -> None:
+    """Makes `run` the process's run: one process serves one run."""
+    global _current
+    with _current_lock:
+        if _current is not None and not _current.ended:
+            raise RunError(
+                f"a headroom run ({_current.name!r}) is already active in this process; "
+                "finish() it, or use `with headroom.Run(...) as run:`, before creating "
+                "another (one process serves one run)"
+            )
+        _current = run
 
 
-def _same_request(first: int | None, first_at: float, signum: int) -> bool:
-    """Whether `signum` repeats the stop signal `first` (taken at `first_at`, monotonic)
-    closely enough to be the same request."""
-    return first == signum and time.monotonic() - first_at < SAME_SIGNAL_WINDOW_S
-
-
-class _RepeatGuard:
-    """The handler a run leaves for its stop signal when it ends within the window: a
-    repeat still on its way (the group's copy of a `timeout`'s SIGTERM) is ignored; after
-    the window the signal does what its default does. A later run takes it over as it
-    would the default."""
-
-    def __init__(self, signum: int, at: float):
-        self.signum, self.at = signum, at
-
-    def __call__(self, signum, frame) -> None:
-        if _same_request(self.signum, self.at, signum):
-            return
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-
-
-# What SIGUSR1/SIGUSR2 may mean (`on_usr1=`, `on_usr2=`; the binary's `run.on_usr1`).
-_USER_SIGNAL_ACTIONS = ("stop", "checkpoint")
 # The version of what state_dict() returns.
 _STATE_VERSION = 1
 
 
-class Run:
+class Run(StopSignals, JobRank):
     """One training run on headroom's stream.
 
     Watch-only (no ``effective_batch``): call :meth:`report` once per step. Adaptive
@@ -159,182 +117,12 @@ class Run:
     ):
         global _current
         # Every argument is checked before anything happens: a mistake finishes no
-        # previous run, opens no socket and sets no cap.
-        name = _args.name(name)
-        _args.model(model)
-        device = _args.device(device)
-        total_steps = _args.whole("total_steps", total_steps, 0, 1000)
-        effective_batch = _args.optional_whole("effective_batch", effective_batch, 1)
-        micro_batch = _args.optional_whole("micro_batch", micro_batch, 1, 8)
-        min_micro_batch = _args.whole("min_micro_batch", min_micro_batch, 0, 1)
-        max_micro_batch = _args.optional_whole("max_micro_batch", max_micro_batch, 1)
-        max_seq_len = _args.optional_whole("max_seq_len", max_seq_len, 0, 1024)
-        for what, v in (
-            ("adaptive", adaptive),
-            ("hard_limit", hard_limit),
-            ("job_view", job_view),
-            ("finish_previous", finish_previous),
-            ("oom_snapshot", oom_snapshot),
-        ):
-            _args.flag(what, v)
-        memory_budget = _args.memory_budget(memory_budget)
-        thresholds = _args.thresholds(thresholds)
-        profile = _args.profile(profile)
-        log = _args.path("log", log)
-        listen = _args.listen(listen)
-        _args.callback(
-            "on_checkpoint", on_checkpoint, "a function fn(step) that saves and returns the path"
-        )
-        sample_hz = _args.number("sample_hz", sample_hz, positive=True)
-        for what, v in (("on_usr1", on_usr1), ("on_usr2", on_usr2)):
-            if v not in _USER_SIGNAL_ACTIONS:
-                raise ValueError(
-                    f'{what}={v!r} is not an action; use "stop" (checkpoint and stop, the '
-                    'default) or "checkpoint" (checkpoint at the step\'s end and go on)'
-                )
-            if v == "checkpoint" and on_checkpoint is None:
-                raise ValueError(
-                    f'{what}="checkpoint" needs on_checkpoint=fn (fn(step) saving and '
-                    "returning the path): without it the signal would save nothing"
-                )
-        previous = _finish_previous(name, finish_previous)
-        with _current_lock:
-            if _current is not None and not _current.ended:
-                raise RunError(
-                    f"a headroom run ({_current.name!r}) is already active in this process; "
-                    "finish() it, or use `with headroom.Run(...) as run:`, before creating "
-                    "another (one process serves one run)"
-                )
-            _current = self
+        # previous run, opens no socket and sets no cap. (locals(): the arguments.)
+        a = _args.run_arguments({k: v for k, v in locals().items() if k != "self"})
+        previous = _finish_previous(a.name, a.finish_previous)
+        _claim(self)
         try:
-            if effective_batch is not None and model is None:
-                raise RunError(
-                    "an adaptive run (effective_batch=…) needs model=: headroom keeps or clears "
-                    "its parameters' gradients across an out-of-memory error"
-                )
-            self.device = _torch.resolve_device(device, model)
-            cuda = self.device.type == "cuda"
-            ranks = _torch.rank_info()
-            name = name or _default_name()
-            job = None
-            if ranks is not None:
-                job_id = ranks["TORCHELASTIC_RUN_ID"] or "job"
-                name = f"{name}.{job_id}.rank{ranks['RANK']}"
-                job = (
-                    job_id,
-                    int(ranks["RANK"]),
-                    int(ranks["LOCAL_RANK"] or ranks["RANK"]),
-                    int(ranks["WORLD_SIZE"]),
-                )
-            world = _dist.world_size()
-            joined = ranks is not None and world > 1 and (effective_batch is not None or job_view)
-            if joined and effective_batch is not None:
-                _dist.refuse_unsupported(model, world)
-            budget = memory_budget
-            if budget is not None and cuda and budget.strip().lower() != "auto":
-                _torch.cap_cuda(self.device, _native.parse_bytes(budget))
-            self._model = model
-            self._params = (
-                [p for p in model.parameters() if p.requires_grad] if model is not None else []
-            )
-            self._hard_limit = bool(hard_limit)
-            if self._hard_limit and not cuda:
-                _torch.start_thread_pools()
-            self._on_checkpoint = on_checkpoint
-            self._adaptive = effective_batch is not None
-            self._effective = effective_batch or 0
-            self._native = _native.NativeRun(
-                name,
-                producer=(
-                    f"headroom.py (python {sys.version.split()[0]}, torch {torch.__version__})"
-                ),
-                device=str(self.device),
-                device_name=_torch.device_name(self.device),
-                parameters=(0 if model is None else sum(p.numel() for p in model.parameters())),
-                total_steps=total_steps,
-                effective_batch=self._effective,
-                micro_batch=micro_batch or self._effective or 1,
-                log=log,
-                listen=listen,
-                sample_hz=sample_hz,
-                cuda_index=self.device.index if cuda else None,
-                device_total=_torch.device_total(self.device),
-                allocator=_torch.CudaAllocator(self.device) if cuda else None,
-                memory_budget="" if budget is None else budget,
-                hard_limit=self._hard_limit,
-                thresholds=thresholds,
-                profile=profile,
-                adaptive=adaptive and self._adaptive,
-                job=job,
-                checkpoints=on_checkpoint is not None,
-            )
-            if log is not None and self._native.log_path != log:
-                # Said where a script's user looks, as well as in the log itself.
-                print(
-                    f"headroom: {log} holds an earlier run's log, kept; this run logs to "
-                    f"{self._native.log_path}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            self._job = None
-            self._job_commands: list[str] = []
-            if joined:
-                # Collective: every rank's Run gets here (docs/PYTHON.md, torchrun).
-                self._job = _dist.Job(self, model, self._params, job[0])
-                self._say_job(world)
-            self._meter = _torch.PeakMeter(self.device)
-            if not self._meter.exact:
-                self.notice(
-                    "the kernel refused to reset the peak RSS (/proc/self/clear_refs); step "
-                    "peaks are the process's peak so far and over-state later steps",
-                    level="warn",
-                )
-            self._oom_snapshot = bool(oom_snapshot) and cuda
-            if oom_snapshot and not cuda:
-                self.notice(
-                    "oom_snapshot: off on the CPU: the snapshot is the CUDA caching "
-                    "allocator's (torch.cuda.memory._dump_snapshot), and the CPU has none"
-                )
-            if self._oom_snapshot:
-                # What memory_viz shows needs the allocations' history from here on.
-                torch.cuda.memory._record_memory_history(max_entries=100_000)
-            if self._adaptive:
-                self._native.adapt(
-                    micro_batch or self._effective,
-                    min_micro_batch or 1,
-                    max_micro_batch or 0,
-                    max_seq_len or 0,
-                    baseline=self._meter.held(),
-                    adaptive=adaptive,
-                )
-                self._say_batch_range(micro_batch, min_micro_batch, max_micro_batch)
-            # Which batch-size notices were given (a larger batch, a smaller one).
-            self._batch_said: set[bool] = set()
-            self._step = 0
-            self._accumulated: tuple | None = None
-            self._boundary_t = time.perf_counter()
-            self._signalled: int | None = None
-            self._signalled_at = 0.0
-            self._signal_boundaries = 0
-            self._stop_checkpointed = False
-            self._optimizer_said = False
-            self._parts_said = False
-            # A headroom.plan(...): its prediction is logged beside each step's peak.
-            self._plan = plan
-            self._saved_handlers: dict = {}
-            # The user signals that checkpoint and go on instead of stopping.
-            self._checkpoint_signals = {
-                sig
-                for sig, action in (
-                    (getattr(signal, "SIGUSR1", None), on_usr1),
-                    (getattr(signal, "SIGUSR2", None), on_usr2),
-                )
-                if sig is not None and action == "checkpoint"
-            }
-            self._checkpoint_asked: str | None = None
-            self._in_poll = False
-            self._pending_signals: list[int] = []
-            self._install_signal_handlers()
+            self._start(a)
             if previous is not None:
                 self.notice(previous, level="warn")
         except BaseException:
@@ -342,6 +130,120 @@ class Run:
                 _current = None
             raise
         atexit.register(self._at_exit)
+
+    def _start(self, a) -> None:
+        """Everything a new run sets up, in order, from its checked arguments `a`."""
+        if a.effective_batch is not None and a.model is None:
+            raise RunError(
+                "an adaptive run (effective_batch=…) needs model=: headroom keeps or clears "
+                "its parameters' gradients across an out-of-memory error"
+            )
+        self.device = _torch.resolve_device(a.device, a.model)
+        cuda = self.device.type == "cuda"
+        name, job = _job.identity(a.name or _default_name())
+        world = _dist.world_size()
+        joined = job is not None and world > 1 and (a.effective_batch is not None or a.job_view)
+        if joined and a.effective_batch is not None:
+            _dist.refuse_unsupported(a.model, world)
+        budget = a.memory_budget
+        if budget is not None and cuda and budget.strip().lower() != "auto":
+            _torch.cap_cuda(self.device, _native.parse_bytes(budget))
+        self._model = a.model
+        self._params = (
+            [p for p in a.model.parameters() if p.requires_grad] if a.model is not None else []
+        )
+        self._hard_limit = bool(a.hard_limit)
+        if self._hard_limit and not cuda:
+            _torch.start_thread_pools()
+        self._on_checkpoint = a.on_checkpoint
+        self._adaptive = a.effective_batch is not None
+        self._effective = a.effective_batch or 0
+        self._native = self._open_native(a, name, job)
+        self._start_job(a.model, world, job[0] if joined else None)
+        self._start_meters(a.oom_snapshot)
+        if self._adaptive:
+            self._start_controller(a)
+        # Which batch-size notices were given (a larger batch, a smaller one).
+        self._batch_said: set[bool] = set()
+        self._step = 0
+        self._accumulated: tuple | None = None
+        self._boundary_t = time.perf_counter()
+        self._optimizer_said = False
+        self._parts_said = False
+        # A headroom.plan(...): its prediction is logged beside each step's peak.
+        self._plan = a.plan
+        self._start_signals(a.on_usr1, a.on_usr2)
+
+    def _open_native(self, a, name: str, job) -> _native.NativeRun:
+        """The extension's run: the stream, the log, the controller, the cap."""
+        cuda = self.device.type == "cuda"
+        model = a.model
+        run = _native.NativeRun(
+            name,
+            producer=f"headroom.py (python {sys.version.split()[0]}, torch {torch.__version__})",
+            device=str(self.device),
+            device_name=_torch.device_name(self.device),
+            parameters=(0 if model is None else sum(p.numel() for p in model.parameters())),
+            total_steps=a.total_steps,
+            effective_batch=self._effective,
+            micro_batch=a.micro_batch or self._effective or 1,
+            log=a.log,
+            listen=a.listen,
+            sample_hz=a.sample_hz,
+            cuda_index=self.device.index if cuda else None,
+            device_total=_torch.device_total(self.device),
+            allocator=_torch.CudaAllocator(self.device) if cuda else None,
+            memory_budget="" if a.memory_budget is None else a.memory_budget,
+            hard_limit=self._hard_limit,
+            thresholds=a.thresholds,
+            profile=a.profile,
+            adaptive=a.adaptive and self._adaptive,
+            job=job,
+            checkpoints=a.on_checkpoint is not None,
+        )
+        if a.log is not None and run.log_path != a.log:
+            # Said where a script's user looks, as well as in the log itself.
+            print(
+                f"headroom: {a.log} holds an earlier run's log, kept; this run logs to "
+                f"{run.log_path}",
+                file=sys.stderr,
+                flush=True,
+            )
+        return run
+
+    def _start_meters(self, oom_snapshot: bool) -> None:
+        """The step-peak meter and, with oom_snapshot=True on CUDA, the allocator's
+        history an out-of-memory snapshot shows."""
+        cuda = self.device.type == "cuda"
+        self._meter = _torch.PeakMeter(self.device)
+        if not self._meter.exact:
+            self.notice(
+                "the kernel refused to reset the peak RSS (/proc/self/clear_refs); step "
+                "peaks are the process's peak so far and over-state later steps",
+                level="warn",
+            )
+        self._oom_snapshot = bool(oom_snapshot) and cuda
+        if oom_snapshot and not cuda:
+            self.notice(
+                "oom_snapshot: off on the CPU: the snapshot is the CUDA caching "
+                "allocator's (torch.cuda.memory._dump_snapshot), and the CPU has none"
+            )
+        if self._oom_snapshot:
+            # What memory_viz shows needs the allocations' history from here on.
+            torch.cuda.memory._record_memory_history(max_entries=100_000)
+
+    def _start_controller(self, a) -> None:
+        """An adaptive run's controller: its micro-batch range, from the memory the run
+        holds before its first step."""
+        self._native.adapt(
+            a.micro_batch or self._effective,
+            a.min_micro_batch or 1,
+            a.max_micro_batch or 0,
+            a.max_seq_len or 0,
+            baseline=self._meter.held(),
+            adaptive=a.adaptive,
+        )
+        self._say_batch_range(a.micro_batch, a.min_micro_batch, a.max_micro_batch)
 
     def _say(self, text: str, level: str = "warn") -> None:
         """A notice that a script's user must see: in the log, on the dashboard and on
@@ -397,173 +299,6 @@ class Run:
                 f"effective_batch={eff} (a loader's last batch, say): the step learns from "
                 f"the {n} it is handed, logged as its effective batch"
             )
-
-    # ---- signals -------------------------------------------------------------------------
-
-    def _install_signal_handlers(self) -> None:
-        """Every signal whose default ends the process would end it without atexit: the
-        log without its end, the socket left behind, no checkpoint. Each is taken over only
-        where its default is still in force (the program's own handlers stay; Python's own
-        SIGINT handler, KeyboardInterrupt, stays too, and Python ignores SIGXFSZ, so a write
-        past `ulimit -f` raises OSError where it happened). USR1/USR2 stop like SIGTERM: a
-        scheduler's `--signal=USR1@T` means the time is almost up."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for sig in _STOP_SIGNALS:
-            held = signal.getsignal(sig)
-            if held == signal.SIG_DFL or isinstance(held, _RepeatGuard):
-                self._saved_handlers[sig] = signal.SIG_DFL
-                signal.signal(sig, self._on_signal)
-
-    def _restore_signal_handlers(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for sig, handler in self._saved_handlers.items():
-            if signal.getsignal(sig) == self._on_signal:
-                if _same_request(self._signalled, self._signalled_at, sig):
-                    handler = _RepeatGuard(sig, self._signalled_at)
-                signal.signal(sig, handler)
-        self._saved_handlers = {}
-
-    def _on_signal(self, signum, frame) -> None:
-        if self._in_poll:
-            # Inside the extension's poll (paused): acted on as soon as it returns.
-            self._pending_signals.append(signum)
-            return
-        self._handle_signal(signum)
-
-    def _handle_signal(self, signum: int) -> None:
-        name = signal.Signals(signum).name
-        if signum in self._checkpoint_signals:
-            self._ask_checkpoint(name)
-            return
-        if signum == signal.SIGXCPU and self._signalled is not None:
-            # The kernel repeats SIGXCPU every second past the soft limit: the same
-            # warning, not someone insisting.
-            return
-        if _same_request(self._signalled, self._signalled_at, signum):
-            # GNU timeout signals the child and then its process group, a supervisor the
-            # group, a user `kill PID` then `kill -PGID`: one request delivered twice
-            # within microseconds, said once, not someone insisting.
-            return
-        if self._signalled is not None or self._native.ended:
-            # Asked twice (or the loop is stuck between steps): end now, the run's end
-            # recorded, then the signal's own default action.
-            self.fail(f"killed by a second {name} at step {self._step}")
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        self._signalled = signum
-        self._signalled_at = time.monotonic()
-        if self._job is not None:
-            # Every rank stops at the same step: the job agrees on it at the next step.
-            self._job.on_signal(name)
-            self._native.notice_text(
-                f"{name}: the job stops at the next step's agreement, every rank at the same "
-                f"step ({name} again within {SAME_SIGNAL_WINDOW_S:g} s is the same request; a "
-                "second signal later ends this process at once)",
-                level="warn",
-                source="signal",
-            )
-            return
-        self._native.request_stop(name)
-        # Said at once on stderr too (the log and the dashboard have the notice).
-        what = (
-            f"a step in progress in run.backward() is abandoned at its next micro-batch; "
-            f"{self._stop_saves('will be')}"
-            if self._adaptive
-            else "the loop is asked to stop at the end of the step in progress; "
-            f"{self._stop_saves('will be', mid_step=True)}"
-        )
-        # A signal that interrupted a write to stderr makes this one a reentrant call
-        # (RuntimeError): the notice in the log still says it.
-        with contextlib.suppress(RuntimeError):
-            print(f"headroom: {name}: stopping: {what}", file=sys.stderr, flush=True)
-
-    def _stop_saves(self, verb: str, mid_step: bool = False) -> str:
-        """What a stop saves: the last completed step (a watch-only loop's step in
-        progress, when asked mid-step: the loop finishes it), through on_checkpoint, or
-        nothing, said as such (never a checkpoint that will not be taken)."""
-        if self._on_checkpoint is not None and mid_step and not self._adaptive:
-            return f"the checkpoint {verb} taken at the end of the step in progress"
-        if self._on_checkpoint is not None:
-            return f"the checkpoint {verb} of step {self._step}"
-        return (
-            "no checkpoint is taken: this run has no on_checkpoint (give "
-            "headroom.Run(on_checkpoint=fn), fn(step) saving and returning the path)"
-        )
-
-    def _ask_checkpoint(self, name: str) -> None:
-        """A user signal set to "checkpoint": on_checkpoint at the end of the step in
-        progress, and the loop goes on (a repeat before then is the same request)."""
-        if self._checkpoint_asked is not None:
-            return
-        self._checkpoint_asked = name
-        what = f"a checkpoint at the end of step {self._step + 1}; the run goes on"
-        self._native.notice_text(f"{name}: {what}", source="signal")
-        with contextlib.suppress(RuntimeError):
-            print(f"headroom: {name}: {what}", file=sys.stderr, flush=True)
-
-    def _checkpoint_if_asked(self) -> None:
-        """At a step's end: the checkpoint a user signal asked for."""
-        name, self._checkpoint_asked = self._checkpoint_asked, None
-        if name is not None:
-            self.notice(f"{name}: {self._carry_out('checkpoint')}")
-
-    def _abandon_step_requested(self) -> bool:
-        """Whether the step in progress is to be given up at this micro-batch boundary
-        (a stop signal arrived). Under a process group the rank leaves its micro-batches
-        for the agreement, where every rank gives the step up together."""
-        return self._signalled is not None
-
-    def _stop_between_micro_batches(self, done: int, samples: int) -> None:
-        """Called in run.backward() before each micro-batch. After a stop signal the step
-        is given up here, not finished: its partial gradients are dropped, the parameters
-        are still those of the last completed step, which on_checkpoint saves; the run is
-        recorded as stopped and the process exits with 128 + the signal. A resumed loop
-        redoes the step. `done` of the step's `samples` were through."""
-        if not self._abandon_step_requested():
-            return
-        if self._job is not None:
-            raise _dist.Abandon(done, samples)
-        signum = self._signalled
-        name = signal.Signals(signum).name
-        self._clear_grads()
-        took = time.perf_counter() - self._boundary_t
-        self._native.notice_text(
-            f"{name}: step {self._step + 1} abandoned after {done} of {samples} samples "
-            f"({took:.1f} s in): {_dropped(done, samples)}; {self._stop_saves('is')}, "
-            f"and a resume redoes step {self._step + 1}",
-            level="warn",
-            source="signal",
-        )
-        self.finish()
-        # What is left is the interpreter's teardown, whose final collections walk every
-        # object torch made (8.8 s under a load of 13 on 2 cores; 3.6 s frozen, the same
-        # as a bare `import torch` script's exit): frozen, they are not walked.
-        gc.freeze()
-        raise SystemExit(128 + signum)
-
-    def _after_signal_boundary(self) -> None:
-        """At each step's end after a stop signal: the first leaves the loop to read
-        should_stop; a loop that steps again is ended here, the run finished as stopped."""
-        self._signal_boundaries += 1
-        if self._signal_boundaries == 1:
-            return
-        signum = self._signalled
-        self.finish()
-        raise SystemExit(128 + signum)
-
-    def _checkpoint_for_stop(self) -> None:
-        """A stop (the dashboard's, or a signal's) checkpoints once, as `headroom train`'s
-        does, through on_checkpoint; at the step's end, or at finish() when the loop
-        ended first."""
-        if self._stop_checkpointed or self._on_checkpoint is None:
-            return
-        if not self._native.stop_requested or self._accumulated is not None:
-            return
-        self._stop_checkpointed = True
-        self.notice(f"stop: {self._carry_out('checkpoint')}")
 
     # ---- what a loop reads -------------------------------------------------------------
 
@@ -639,7 +374,9 @@ class Run:
                 "this run is adaptive: its steps end with run.step(optimizer), not "
                 "run.report(); create the run without effective_batch= to only watch"
             )
-        value = math.nan if loss is None else _scalar(loss, "the loss given to run.report()")
+        value = (
+            math.nan if loss is None else _args.loss_value(loss, "the loss given to run.report()")
+        )
         samples = _args.optional_whole("run.report(samples=)", samples, 1, 32)
         seq_len = _args.whole("run.report(seq_len=)", seq_len, 1, 1)
         lr = _args.optional_number("run.report(lr=)", lr)
@@ -729,14 +466,14 @@ class Run:
         samples = _args.optional_whole("run.backward(samples=)", samples, 1, 32)
         seq_len = _args.optional_whole("run.backward(seq_len=)", seq_len, 1, 128)
         if self._job is None:
-            _refuse_distributed()
+            _dist.refuse_process_group()
         job = self._job
         if split is None:
             n = _batch.size_of(batch)
             cut = _batch.take_dynamic if _torch.is_compiled(self._model) else _batch.take
         else:
             if samples is None:
-                samples = _samples_of(batch)
+                samples = _batch.samples_of(batch)
             n = samples
             cut = split
         if n < 1:
@@ -783,23 +520,6 @@ class Run:
         self._accumulated = (step, mb, seq, n, t0, value, predicted)
         return value
 
-    def _give_up_step(self, step: int, here: _dist.Abandon | None) -> float:
-        """A job's stop during a step: every rank drops the step's gradients at the same
-        agreement; the parameters are those of the last completed step, which the stop's
-        checkpoint (at run.step's boundary) saves on every rank. Returns NaN: the step has
-        no loss, and run.step applies nothing."""
-        self._clear_grads()
-        where = f"after {here.done} of {here.samples} samples on this rank " if here else ""
-        dropped = _dropped(here.done, here.samples) if here else "its gradients are dropped"
-        self._native.notice_text(
-            f"step {step} given up by every rank of the job {where}(a stop signal): "
-            f"{dropped}; {self._stop_saves('is')}, and a resume redoes step {step}",
-            level="warn",
-            source="signal",
-        )
-        self._accumulated = _GIVEN_UP
-        return math.nan
-
     def _accumulate(
         self, batch, loss_fn, cut, n: int, seq: int, step: int, mb: int, reduction, backward, scaler
     ):
@@ -818,10 +538,10 @@ class Run:
             versions = self._grad_versions()
             try:
                 loss = loss_fn(cut(batch, start, end))
-                _check_loss(loss, step, start, end)
+                _args.micro_batch_loss(loss, step, start, end)
                 weight = (end - start) / n if reduction == "mean" else 1.0
                 in_backward = True
-                _backward_of(loss * weight, backward, scaler)
+                _torch.backward_of(loss * weight, backward, scaler)
                 total += loss.detach() * weight
             except Exception as e:
                 if not _torch.is_oom(e, capped=self._hard_limit):
@@ -881,7 +601,7 @@ class Run:
                 "run.step(optimizer) without run.backward(batch, loss_fn) before it: there "
                 "are no gradients of this run to apply"
             )
-        if self._accumulated is _GIVEN_UP:
+        if self._accumulated is _job.GIVEN_UP:
             # The job gave the step up (a stop): nothing to apply; the boundary checkpoints.
             self._accumulated = None
             self._boundary()
@@ -898,7 +618,7 @@ class Run:
             if self._job is not None:
                 self._job_fail(step, e)
             raise
-        skipped = _scaler_update(scaler, optimizer)
+        skipped = _torch.scaler_update(scaler, optimizer)
         if not self._parts_said and not skipped:
             # Once, while the gradients and the optimizer's state both exist: what the
             # fixed part of a step is made of (the optimizer-state hint reads it).
@@ -933,7 +653,7 @@ class Run:
         its step counters, then retried; one after is refused loudly, never passed off.
         """
         for attempt in range(3):
-            snapshot = _OptimizerSnapshot(optimizer)
+            snapshot = _torch.OptimizerSnapshot(optimizer)
             try:
                 if scaler is None:
                     optimizer.step()
@@ -1011,92 +731,6 @@ class Run:
         for p in self._params:
             p.grad = None
 
-    # ---- a torchrun job -------------------------------------------------------------------
-
-    def _say_job(self, world: int) -> None:
-        job = self._job
-        if self._adaptive:
-            text = (
-                f"torchrun job {job.job_id}: rank {job.rank} of {world}; effective_batch "
-                f"{self._effective} is per rank, so the global batch is {self._effective * world} "
-                "samples per step. Each rank's controller sizes its own micro-batches (all under "
-                "DDP's no_sync(), so an out-of-memory error stays local); after every rank's "
-                "micro-batches the ranks agree, then the gradients are all-reduced once"
-            )
-        else:
-            text = (
-                f"torchrun job {job.job_id}: rank {job.rank} of {world}, watched; each report "
-                "joins the job's agreement (rank 0 serves every rank's row; commands reach "
-                "every rank at the same step)"
-            )
-        self.notice(text)
-
-    def _job_note(self, micro_batch: int, peak: int, dt: float, loss: float) -> None:
-        """This rank's figures for its row at the next agreement."""
-        limit, usage = self._native.last_memory
-        self._job.last = {
-            "micro_batch": float(micro_batch),
-            "peak": float(peak),
-            "limit": float(limit),
-            "usage": usage,
-            "step_time": dt,
-            "loss": loss,
-        }
-
-    def _job_fail(self, step: int, error: BaseException) -> None:
-        """This rank cannot finish the step: the others learn why at the agreement,
-        instead of waiting there for it."""
-        if isinstance(error, _dist.RankFailed):
-            return
-        text = f"{type(error).__name__}: {error}".strip()
-        # Best effort: the original error is what this rank raises either way.
-        with contextlib.suppress(Exception):
-            self._job.agree(step, _dist.FAILED, error=text)
-
-    def _job_agreed(self, step: int, a: _dist.Agreement) -> None:
-        """What the agreement says every rank does: end (another rank failed), take the
-        commands at this step's end, stop after this step."""
-        if a.failed:
-            self._clear_grads()
-            rank, text = next(iter(a.failed.items()))
-            raise _dist.RankFailed(
-                f"step {step}: rank {rank} of the job failed ({text}); rank {self._job.rank} "
-                "ends too"
-            )
-        self._job_commands = a.commands
-        if a.stop_by and not self._native.stop_requested:
-            who = ", ".join(map(str, a.stop_by))
-            self._native.request_stop(
-                f"a stop signal (rank {who}); every rank of the job stops after step {step}"
-            )
-
-    def _job_boundary(self) -> None:
-        """The step boundary of a job: the commands agreed on, then, while paused, rounds
-        of the agreement every 100 ms, so every rank resumes (or stops) at the same one."""
-        job = self._job
-        while True:
-            commands, self._job_commands = self._job_commands, []
-            actions = self._native.apply_commands(commands)
-            job.applied += len(commands)
-            while self._pending_signals:
-                self._handle_signal(self._pending_signals.pop(0))
-            for cid, kind in actions:
-                self._native.confirm(cid, self._carry_out(kind))
-            if not self._native.paused:
-                return
-            self._job_agreed(self._step, job.agree(self._step, wait_s=0.1))
-
-    def _take_commands(self, wait_s: float) -> list[str]:
-        """A viewer's commands, raw, for the job's agreement. A signal arriving while the
-        extension waits is acted on after (it would need the run the wait borrows)."""
-        self._in_poll = True
-        try:
-            return self._native.take_commands(wait_s)
-        finally:
-            self._in_poll = False
-            while self._pending_signals:
-                self._handle_signal(self._pending_signals.pop(0))
-
     # ---- both ----------------------------------------------------------------------------
 
     def notice(self, text: str, level: str = "info") -> None:
@@ -1105,8 +739,8 @@ class Run:
 
     def eval(self, val_loss: float, train_loss: float | None = None, tokens: int = 0) -> None:
         """A validation result at the current step."""
-        v = _scalar(val_loss, "val_loss")
-        t = v if train_loss is None else _scalar(train_loss, "train_loss")
+        v = _args.loss_value(val_loss, "val_loss")
+        t = v if train_loss is None else _args.loss_value(train_loss, "train_loss")
         self._native.eval(self._step, v, t, tokens)
 
     def state_dict(self) -> dict:
@@ -1214,8 +848,7 @@ class Run:
                 actions = self._native.poll()
             finally:
                 self._in_poll = False
-            while self._pending_signals:
-                self._handle_signal(self._pending_signals.pop(0))
+            self._handle_pending_signals()
             for cid, kind in actions:
                 self._native.confirm(cid, self._carry_out(kind))
             # Also while paused: the saving is what the signal's sender waits for.
@@ -1258,71 +891,11 @@ class Run:
         return f"not understood: {kind}"
 
 
-class _OptimizerSnapshot:
-    """What optimizer.step() may change, seen before it runs: version counters of the
-    parameters and state tensors, the scalar state (step counters) by value, and which
-    parameters had no state yet."""
-
-    def __init__(self, opt: torch.optim.Optimizer):
-        self.opt = opt
-        self.params = [p for g in opt.param_groups for p in g["params"]]
-        self.versions = [p._version for p in self.params]
-        self.stateless = [p for p in self.params if not opt.state.get(p)]
-        self.tensors = []
-        self.scalars = []
-        for p in self.params:
-            for v in opt.state.get(p, {}).values():
-                if isinstance(v, torch.Tensor):
-                    if v.numel() == 1:
-                        self.scalars.append((v, v.detach().clone()))
-                    else:
-                        self.tensors.append((v, v._version))
-
-    def restore(self) -> bool:
-        """Undoes a failed step that changed nothing but scalars and new state; False
-        when a parameter or a state tensor was changed in place."""
-        if any(p._version != v for p, v in zip(self.params, self.versions)):
-            return False
-        if any(t._version != v for t, v in self.tensors):
-            return False
-        with torch.no_grad():
-            for t, v in self.scalars:
-                t.copy_(v)
-        for p in self.stateless:
-            self.opt.state.pop(p, None)
-        return True
-
-
-def _backward_of(weighted: torch.Tensor, backward: Callable | None, scaler: Any) -> None:
-    """One micro-batch's backward: the loss scaled per micro-batch when a GradScaler is
-    given (scaling is linear, so the scaled sum is the scaled full-batch loss), then the
-    user's backward (a framework's, carrying its precision and strategy) or autograd's."""
-    if scaler is not None:
-        weighted = scaler.scale(weighted)
-    if backward is None:
-        weighted.backward()
-    else:
-        backward(weighted)
-
-
-def _scaler_update(scaler: Any, optimizer: torch.optim.Optimizer) -> tuple[float, float] | None:
-    """``scaler.update()`` after its step; the loss scale before and after when the step
-    was skipped for inf/NaN gradients (None when it was taken, or with no scaler)."""
-    if scaler is None:
-        return None
-    found_inf = scaler.is_enabled() and any(
-        v.item() for v in scaler._found_inf_per_device(optimizer).values()
-    )
-    before = scaler.get_scale()
-    scaler.update()
-    return (before, scaler.get_scale()) if found_inf else None
-
-
 def _finish_previous(name: str | None, allowed: bool) -> str | None:
     """A new run in a process whose previous run is still active (a notebook cell run
     again, a script that forgot finish()) finishes that one first, as experiment trackers'
     init does, saying so in its log and on its dashboard; returns what the new run says.
-    `allowed=False` keeps the old strictness: the new run is refused."""
+    With `allowed=False` the new run is refused instead."""
     previous = _current
     if previous is None or previous.ended or not allowed:
         return None
@@ -1340,73 +913,6 @@ def _finish_previous(name: str | None, allowed: bool) -> str | None:
     return text
 
 
-def _samples_of(batch: Any) -> int:
-    """With split=: the samples of a tensor (dim 0) or of a list (one item a sample). Any
-    other batch must say (samples=): a tuple's, dict's or custom class's len() counts its
-    fields, not its samples, and a wrapped object may have no len() at all."""
-    if isinstance(batch, torch.Tensor) and batch.dim() > 0:
-        return int(batch.shape[0])
-    if isinstance(batch, list):
-        return len(batch)
-    raise ValueError(
-        f"with split=, give samples=N: the batch is a {type(batch).__name__}, whose "
-        "samples headroom cannot count (only a tensor's dim 0 or a list's items are)"
-    )
-
-
 def _opt(x: Any) -> float | None:
     """A figure the loop may not know: None is sent as null, never as a made-up 0."""
     return None if x is None else float(x)
-
-
-def _scalar(x: Any, what: str) -> float:
-    """A loss as a float: a number or a one-element tensor. A string is refused even
-    when it reads as a number ("nan", "0.5"): a loop that hands one is mistaken."""
-    if isinstance(x, torch.Tensor):
-        if x.numel() != 1:
-            raise LossError(
-                f"{what} is a tensor of shape {tuple(x.shape)}; give a scalar (e.g. the "
-                "loss's .mean())"
-            )
-        return float(x.detach())
-    if not isinstance(x, (str, bytes, bool)):
-        try:
-            return float(x)
-        except (TypeError, ValueError):
-            pass
-    raise LossError(
-        f"{what} is {_args._got(x)}; give a number (a float) or a one-element tensor"
-    ) from None
-
-
-def _check_loss(loss: Any, step: int, start: int, end: int) -> None:
-    if not isinstance(loss, torch.Tensor):
-        raise LossError(
-            f"step {step}: loss_fn returned {type(loss).__name__} for samples [{start}, {end}); "
-            "return the micro-batch's loss as a scalar tensor (with its graph, not .item())"
-        )
-    if loss.numel() != 1:
-        raise LossError(
-            f"step {step}: loss_fn returned a tensor of shape {tuple(loss.shape)} for samples "
-            f"[{start}, {end}); return a scalar (e.g. reduce it with .mean())"
-        )
-    if not loss.requires_grad:
-        raise LossError(
-            f"step {step}: the loss of samples [{start}, {end}) does not require grad (was it "
-            "computed under torch.no_grad(), or detached?); return the loss with its graph"
-        )
-
-
-def _refuse_distributed() -> None:
-    dist = getattr(torch, "distributed", None)
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return
-    world = dist.get_world_size()
-    if world > 1:
-        raise RunError(
-            f"run.backward() under an initialised process group of {world} ranks: each rank "
-            "would pick its own micro-batches, and DDP's gradient all-reduce would then wait "
-            "for backward passes other ranks never make (a deadlock). Synchronised adaptive "
-            "batching across ranks is not built yet; watch each rank with run.report(loss) "
-            "instead"
-        )

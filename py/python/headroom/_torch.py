@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gc
 import os
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -309,3 +309,63 @@ def rank_info() -> dict[str, str] | None:
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return None
     return {k: os.environ.get(k, "") for k in keys}
+
+
+class OptimizerSnapshot:
+    """What optimizer.step() may change, seen before it runs: version counters of the
+    parameters and state tensors, the scalar state (step counters) by value, and which
+    parameters had no state yet."""
+
+    def __init__(self, opt: torch.optim.Optimizer):
+        self.opt = opt
+        self.params = [p for g in opt.param_groups for p in g["params"]]
+        self.versions = [p._version for p in self.params]
+        self.stateless = [p for p in self.params if not opt.state.get(p)]
+        self.tensors = []
+        self.scalars = []
+        for p in self.params:
+            for v in opt.state.get(p, {}).values():
+                if isinstance(v, torch.Tensor):
+                    if v.numel() == 1:
+                        self.scalars.append((v, v.detach().clone()))
+                    else:
+                        self.tensors.append((v, v._version))
+
+    def restore(self) -> bool:
+        """Undoes a failed step that changed nothing but scalars and new state; False
+        when a parameter or a state tensor was changed in place."""
+        if any(p._version != v for p, v in zip(self.params, self.versions)):
+            return False
+        if any(t._version != v for t, v in self.tensors):
+            return False
+        with torch.no_grad():
+            for t, v in self.scalars:
+                t.copy_(v)
+        for p in self.stateless:
+            self.opt.state.pop(p, None)
+        return True
+
+
+def backward_of(weighted: torch.Tensor, backward: Callable | None, scaler: Any) -> None:
+    """One micro-batch's backward: the loss scaled per micro-batch when a GradScaler is
+    given (scaling is linear, so the scaled sum is the scaled full-batch loss), then the
+    user's backward (a framework's, carrying its precision and strategy) or autograd's."""
+    if scaler is not None:
+        weighted = scaler.scale(weighted)
+    if backward is None:
+        weighted.backward()
+    else:
+        backward(weighted)
+
+
+def scaler_update(scaler: Any, optimizer: torch.optim.Optimizer) -> tuple[float, float] | None:
+    """``scaler.update()`` after its step; the loss scale before and after when the step
+    was skipped for inf/NaN gradients (None when it was taken, or with no scaler)."""
+    if scaler is None:
+        return None
+    found_inf = scaler.is_enabled() and any(
+        v.item() for v in scaler._found_inf_per_device(optimizer).values()
+    )
+    before = scaler.get_scale()
+    scaler.update()
+    return (before, scaler.get_scale()) if found_inf else None

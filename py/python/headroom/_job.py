@@ -1,0 +1,142 @@
+"""A `headroom.Run` as one rank of a torchrun job: who the rank is, what it tells the job,
+and what the job's agreement (`_dist.Job`, the collectives) has it do: end with a rank
+that failed, take the viewers' commands at the same step as every rank, stop together."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+from . import _dist, _torch
+from ._signals import dropped
+
+# run.backward's answer to run.step when a torchrun job gave the step up (a stop).
+GIVEN_UP = ("given up",)
+
+
+def identity(name: str) -> tuple[str, tuple[str, int, int, int] | None]:
+    """The run's name and, under torchrun, its job (id, rank, local rank, world size):
+    each rank's run is named after the job and the rank."""
+    ranks = _torch.rank_info()
+    if ranks is None:
+        return name, None
+    job_id = ranks["TORCHELASTIC_RUN_ID"] or "job"
+    job = (
+        job_id,
+        int(ranks["RANK"]),
+        int(ranks["LOCAL_RANK"] or ranks["RANK"]),
+        int(ranks["WORLD_SIZE"]),
+    )
+    return f"{name}.{job_id}.rank{ranks['RANK']}", job
+
+
+class JobRank:
+    """`headroom.Run`'s side of a torchrun job (a part of the class, kept here)."""
+
+    def _start_job(self, model, world: int, job_id: str | None) -> None:
+        """Joins the job (`job_id`), or none (None). Collective: every rank's Run gets
+        here (docs/PYTHON.md, torchrun)."""
+        self._job = None
+        self._job_commands: list[str] = []
+        if job_id is not None:
+            self._job = _dist.Job(self, model, self._params, job_id)
+            self._say_job(world)
+
+    def _say_job(self, world: int) -> None:
+        job = self._job
+        if self._adaptive:
+            text = (
+                f"torchrun job {job.job_id}: rank {job.rank} of {world}; effective_batch "
+                f"{self._effective} is per rank, so the global batch is {self._effective * world} "
+                "samples per step. Each rank's controller sizes its own micro-batches (all under "
+                "DDP's no_sync(), so an out-of-memory error stays local); after every rank's "
+                "micro-batches the ranks agree, then the gradients are all-reduced once"
+            )
+        else:
+            text = (
+                f"torchrun job {job.job_id}: rank {job.rank} of {world}, watched; each report "
+                "joins the job's agreement (rank 0 serves every rank's row; commands reach "
+                "every rank at the same step)"
+            )
+        self.notice(text)
+
+    def _job_note(self, micro_batch: int, peak: int, dt: float, loss: float) -> None:
+        """This rank's figures for its row at the next agreement."""
+        limit, usage = self._native.last_memory
+        self._job.last = {
+            "micro_batch": float(micro_batch),
+            "peak": float(peak),
+            "limit": float(limit),
+            "usage": usage,
+            "step_time": dt,
+            "loss": loss,
+        }
+
+    def _job_fail(self, step: int, error: BaseException) -> None:
+        """This rank cannot finish the step: the others learn why at the agreement,
+        instead of waiting there for it."""
+        if isinstance(error, _dist.RankFailed):
+            return
+        text = f"{type(error).__name__}: {error}".strip()
+        # Best effort: the original error is what this rank raises either way.
+        with contextlib.suppress(Exception):
+            self._job.agree(step, _dist.FAILED, error=text)
+
+    def _job_agreed(self, step: int, a: _dist.Agreement) -> None:
+        """What the agreement says every rank does: end (another rank failed), take the
+        commands at this step's end, stop after this step."""
+        if a.failed:
+            self._clear_grads()
+            rank, text = next(iter(a.failed.items()))
+            raise _dist.RankFailed(
+                f"step {step}: rank {rank} of the job failed ({text}); rank {self._job.rank} "
+                "ends too"
+            )
+        self._job_commands = a.commands
+        if a.stop_by and not self._native.stop_requested:
+            who = ", ".join(map(str, a.stop_by))
+            self._native.request_stop(
+                f"a stop signal (rank {who}); every rank of the job stops after step {step}"
+            )
+
+    def _give_up_step(self, step: int, here: _dist.Abandon | None) -> float:
+        """A job's stop during a step: every rank drops the step's gradients at the same
+        agreement; the parameters are those of the last completed step, which the stop's
+        checkpoint (at run.step's boundary) saves on every rank. Returns NaN: the step has
+        no loss, and run.step applies nothing."""
+        self._clear_grads()
+        where = f"after {here.done} of {here.samples} samples on this rank " if here else ""
+        what = dropped(here.done, here.samples) if here else "its gradients are dropped"
+        self._native.notice_text(
+            f"step {step} given up by every rank of the job {where}(a stop signal): "
+            f"{what}; {self._stop_saves('is')}, and a resume redoes step {step}",
+            level="warn",
+            source="signal",
+        )
+        self._accumulated = GIVEN_UP
+        return math.nan
+
+    def _job_boundary(self) -> None:
+        """The step boundary of a job: the commands agreed on, then, while paused, rounds
+        of the agreement every 100 ms, so every rank resumes (or stops) at the same one."""
+        job = self._job
+        while True:
+            commands, self._job_commands = self._job_commands, []
+            actions = self._native.apply_commands(commands)
+            job.applied += len(commands)
+            self._handle_pending_signals()
+            for cid, kind in actions:
+                self._native.confirm(cid, self._carry_out(kind))
+            if not self._native.paused:
+                return
+            self._job_agreed(self._step, job.agree(self._step, wait_s=0.1))
+
+    def _take_commands(self, wait_s: float) -> list[str]:
+        """A viewer's commands, raw, for the job's agreement. A signal arriving while the
+        extension waits is acted on after (it would need the run the wait borrows)."""
+        self._in_poll = True
+        try:
+            return self._native.take_commands(wait_s)
+        finally:
+            self._in_poll = False
+            self._handle_pending_signals()
