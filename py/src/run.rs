@@ -12,7 +12,6 @@ use headroom_core::config::{MemorySection, RunConfig};
 use headroom_core::journal::{ControllerJournal, Journaled};
 use headroom_core::policy::{ControllerConfig, Thresholds, Upcoming};
 use headroom_core::protocol::JobRank;
-use headroom_core::units::fmt_bytes;
 use headroom_core::{
     Checkpointing, Command, Level, Notice, Precision, RunInfo, RunStatus, Telemetry,
 };

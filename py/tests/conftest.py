@@ -88,9 +88,9 @@ class Viewer:
 
 def steer(get_run, commands, answers: dict, errors: list) -> None:
     """On a thread beside a framework's training loop: waits for its run (`get_run()`),
-    sends `commands` (in order) after the third step, each once the one before was
-    answered (`answers[command]`: its record), then waits for the run's end. What goes
-    wrong lands in `errors`, for the test to report."""
+    sends `commands` (in order; a name, or a name and its fields) after the third step,
+    each once the one before was answered (`answers[name]`: its record), then waits for
+    the run's end. What goes wrong lands in `errors`, for the test to report."""
     try:
         deadline = time.monotonic() + 60
         while get_run() is None and time.monotonic() < deadline:
@@ -98,7 +98,8 @@ def steer(get_run, commands, answers: dict, errors: list) -> None:
         v = Viewer(get_run().socket)
         v.until(lambda r: r["kind"] == "step" and r["step"] >= 3)
         for c in commands:
-            v.command(c)
+            c, fields = (c, {}) if isinstance(c, str) else c
+            v.command(c, **fields)
             answers[c] = v.until(
                 lambda r, c=c: (
                     (r["kind"] == "command_applied" and r["command"]["command"] == c)

@@ -240,7 +240,51 @@ def run_arguments(given: dict[str, Any]) -> SimpleNamespace:
     a.sample_hz = number("sample_hz", a.sample_hz, positive=True)
     for what in ("on_usr1", "on_usr2"):
         user_signal_action(what, getattr(a, what), a.on_checkpoint)
+    a.precision = precision(a.precision)
+    a.checkpoint_blocks = blocks(a.checkpoint_blocks)
+    callback(
+        "checkpointing",
+        a.checkpointing,
+        "a function fn(on) switching the model's activation checkpointing on or off",
+    )
+    if a.checkpoint_blocks is not None and a.checkpointing is not None:
+        raise ValueError(
+            "checkpoint_blocks= and checkpointing= both name how to checkpoint: give one "
+            "(the modules to wrap, or a function that switches the model's own)"
+        )
     return a
+
+
+def precision(v: Any) -> str | None:
+    """The precision a run's forward starts at, when the run switches it."""
+    if v is None:
+        return None
+    if not isinstance(v, str) or v.strip().lower() not in ("fp32", "bf16"):
+        raise ValueError(
+            f'precision={v!r}: give "fp32" or "bf16", the precision the run\'s forward starts '
+            "at (the dashboard's m switches it; None leaves it to the script)"
+        )
+    return v.strip().lower()
+
+
+def blocks(v: Any) -> list | None:
+    """The modules a run checkpoints on demand."""
+    if v is None:
+        return None
+    if isinstance(v, torch.nn.Module) and not isinstance(
+        v, (torch.nn.ModuleList, torch.nn.Sequential)
+    ):
+        v = [v]
+    try:
+        found = list(v)
+    except TypeError:
+        found = None
+    if not found or not all(isinstance(b, torch.nn.Module) for b in found):
+        raise TypeError(
+            f"checkpoint_blocks={type(v).__name__}: give the modules whose activations may be "
+            "recomputed in backward, e.g. checkpoint_blocks=model.blocks"
+        )
+    return found
 
 
 def _loss_error(text: str) -> Exception:

@@ -12,12 +12,11 @@ computed, said as such.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterable
+from collections.abc import Iterable
+from typing import Any, Callable
 
 import torch
 from torch.utils.checkpoint import checkpoint as _recompute
-
-PRECISIONS = ("fp32", "bf16")
 
 
 class Levers:
@@ -30,25 +29,12 @@ class Levers:
         blocks: Iterable[torch.nn.Module] | None = None,
         switch: Callable[[bool], Any] | None = None,
     ):
-        if precision is not None and precision not in PRECISIONS:
-            raise ValueError(
-                f'precision={precision!r}: give "fp32" or "bf16" (the precision the run\'s '
-                "forward starts at; the dashboard's m switches it)"
-            )
+        # Checked by _args.run_arguments.
         self.device = device
         self.precision = precision
         self._blocks = None if blocks is None else list(blocks)
-        if self._blocks is not None:
-            bad = [b for b in self._blocks if not isinstance(b, torch.nn.Module)]
-            if bad or not self._blocks:
-                raise TypeError(
-                    "checkpoint_blocks= takes the modules to checkpoint, e.g. "
-                    f"checkpoint_blocks=model.blocks (got {type(bad[0]).__name__ if bad else 'none'})"
-                )
         self._switch = switch
-        self.checkpointing = (
-            "none" if (self._blocks is not None or switch is not None) else None
-        )
+        self.checkpointing = "none" if (self._blocks is not None or switch is not None) else None
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The context the forward runs in: bf16 autocast when the precision is bf16."""
@@ -62,12 +48,13 @@ class Levers:
         return was
 
     def set_checkpointing(self, to: str) -> str:
-        """Switches checkpointing (``none`` or ``blocks``); what it was."""
-        on = to != "none"
+        """Switches checkpointing: ``none``, ``blocks`` (all of them) or ``every:N``
+        (blocks 0, N, 2N, …, as `headroom train`'s model.checkpoint); what it was."""
+        every = 0 if to == "none" else 1 if to == "blocks" else int(to.split(":", 1)[1])
         if self._switch is not None:
-            self._switch(on)
-        for block in self._blocks or ():
-            _recomputed(block, on)
+            self._switch(every > 0)
+        for i, block in enumerate(self._blocks or ()):
+            _recomputed(block, every > 0 and i % every == 0)
         was, self.checkpointing = self.checkpointing, to
         return was
 

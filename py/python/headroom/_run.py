@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _args, _batch, _dist, _job, _native, _torch
+from . import _args, _batch, _dist, _job, _levers, _native, _torch
 from ._job import JobRank
 from ._signals import StopSignals
 
@@ -114,6 +114,9 @@ class Run(StopSignals, JobRank):
         oom_snapshot: bool = False,
         on_usr1: str = "stop",
         on_usr2: str = "stop",
+        precision: str | None = None,
+        checkpoint_blocks: Any = None,
+        checkpointing: Callable[[bool], Any] | None = None,
     ):
         global _current
         # Every argument is checked before anything happens: a mistake finishes no
@@ -161,8 +164,14 @@ class Run(StopSignals, JobRank):
         self._native = self._open_native(a, name, job)
         self._start_job(a.model, world, job[0] if joined else None)
         self._start_meters(a.oom_snapshot)
+        self._levers = _levers.Levers(self.device)
         if self._adaptive:
             self._start_controller(a)
+        elif any(x is not None for x in (a.precision, a.checkpoint_blocks, a.checkpointing)):
+            raise RunError(
+                "precision=, checkpoint_blocks= and checkpointing= are levers the run switches "
+                "in its run.backward: they need an adaptive run (effective_batch=N)"
+            )
         # Which batch-size notices were given (a larger batch, a smaller one).
         self._batch_said: set[bool] = set()
         self._step = 0
@@ -242,6 +251,12 @@ class Run(StopSignals, JobRank):
             a.max_seq_len or 0,
             baseline=self._meter.held(),
             adaptive=a.adaptive,
+        )
+        self._levers = _levers.Levers(
+            self.device, a.precision, a.checkpoint_blocks, a.checkpointing
+        )
+        self._native.levers(
+            precision=self._levers.precision, checkpointing=self._levers.checkpointing
         )
         self._say_batch_range(a.micro_batch, a.min_micro_batch, a.max_micro_batch)
 
@@ -537,7 +552,8 @@ class Run(StopSignals, JobRank):
             in_backward = False
             versions = self._grad_versions()
             try:
-                loss = loss_fn(cut(batch, start, end))
+                with self._levers.autocast():
+                    loss = loss_fn(cut(batch, start, end))
                 _args.micro_batch_loss(loss, step, start, end)
                 weight = (end - start) / n if reduction == "mean" else 1.0
                 in_backward = True
@@ -553,9 +569,13 @@ class Run(StopSignals, JobRank):
                 continue
             # Out of memory: the attempt's tensors went with its frames.
             restart = in_backward and self._grads_changed(versions)
-            retry, _ = self._native.oom(step, mb, seq, failed)
+            retry, _, last_resort = self._native.oom(step, mb, seq, failed)
             self._snapshot_oom(step)
             _torch.free_memory(self.device)
+            if last_resort:
+                # Out of sizes: checkpointing on, the same samples retried (the session
+                # said so).
+                self._switch_lever("checkpointing", "blocks", "controller")
             if retry is None:
                 raise OutOfMemory(
                     f"step {step} ran out of memory at micro-batch {mb} ({seq} tokens per "
@@ -869,6 +889,9 @@ class Run(StopSignals, JobRank):
             before = _torch.held_text(self.device)
             _torch.free_memory(self.device)
             return f"cached memory freed: {before} → {_torch.held_text(self.device)}"
+        lever, _, to = kind.partition(":")
+        if lever in ("precision", "checkpointing") and to:
+            return self._switch_lever(lever, to, "command")
         if kind == "checkpoint":
             if self._on_checkpoint is None:
                 return (
@@ -889,6 +912,14 @@ class Run(StopSignals, JobRank):
             self._native.checkpoint_saved(self._step, os.fspath(path))
             return f"checkpoint of step {self._step} at {os.fspath(path)}"
         return f"not understood: {kind}"
+
+    def _switch_lever(self, lever: str, to: str, source: str) -> str:
+        """Switches a lever the run holds, from the next micro-batch on; the answer."""
+        if lever == "precision":
+            was = self._levers.set_precision(to)
+        else:
+            was = self._levers.set_checkpointing(to)
+        return self._native.switched(lever, was, to, source)
 
 
 def _finish_previous(name: str | None, allowed: bool) -> str | None:

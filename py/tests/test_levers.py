@@ -1,0 +1,195 @@
+"""The levers a hand-written loop hands to its run (`checkpoint_blocks=`, `precision=`):
+switched by a viewer's command at a step boundary with the lever decision the built-in
+trainer gives, checkpointing changing nothing learned, and the last resort under a real
+cap where one sample fits only with its activations recomputed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+import headroom
+
+from conftest import assert_params_close, kinds, steer
+
+HERE = Path(__file__).parent
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.up = torch.nn.Linear(d, 4 * d)
+        self.down = torch.nn.Linear(4 * d, d)
+        self.drop = torch.nn.Dropout(0.1)
+
+    def forward(self, x):
+        return x + self.drop(self.down(torch.nn.functional.gelu(self.up(x))))
+
+
+class Net(torch.nn.Module):
+    def __init__(self, d: int = 32, layers: int = 4):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block(d) for _ in range(layers))
+        self.head = torch.nn.Linear(d, 1)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x).squeeze(-1).mean(-1)
+
+
+def _batches(steps: int):
+    g = torch.Generator().manual_seed(1)
+    return [
+        (torch.randn(8, 64, 32, generator=g), torch.randn(8, generator=g)) for _ in range(steps)
+    ]
+
+
+def test_a_viewer_switches_checkpointing_mid_run_and_nothing_learned_changes(tmp_path):
+    # The switched run trains until the answer came (at least seven steps); the plain one
+    # then trains as many steps on the same batches.
+    steps_of = {}
+
+    def train(name, commands):
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        answers: dict = {}
+        errors: list = []
+        log = tmp_path / f"{name}.jsonl"
+        run = headroom.Run(
+            name,
+            model=model,
+            effective_batch=8,
+            micro_batch=4,
+            adaptive=False,
+            log=log,
+            checkpoint_blocks=model.blocks,
+            precision="fp32",
+        )
+        viewer = threading.Thread(target=steer, args=(lambda: run, commands, answers, errors))
+        viewer.start()
+        batches = _batches(40)
+        with run:
+            for i, (x, y) in enumerate(batches):
+                run.backward((x, y), lambda mb: (model(mb[0]) - mb[1]).pow(2).mean())
+                run.step(opt)
+                if answers and i >= 6:
+                    break
+        viewer.join(30)
+        assert not errors, errors
+        steps_of[name] = run.step_count
+        return model, log, answers
+
+    switched, log, answers = train("switched", [("set_checkpointing", {"checkpoint": "blocks"})])
+    answer = answers["set_checkpointing"]["applied"]
+    assert answer.startswith("activation checkpointing none → blocks from step "), answer
+    lever = [r["decision"] for r in kinds(log, "decision") if r["decision"]["decision"] == "lever"]
+    assert len(lever) == 1 and lever[0]["source"] == "command", lever
+    assert lever[0]["change"] == "activation checkpointing none → blocks"
+    # The unswitched run, for as many steps: checkpointing recomputes, it learns the same.
+    torch.manual_seed(0)
+    plain = Net()
+    opt = torch.optim.SGD(plain.parameters(), lr=0.05)
+    with headroom.Run(
+        "plain", model=plain, effective_batch=8, micro_batch=4, adaptive=False
+    ) as run:
+        for x, y in _batches(40)[: steps_of["switched"]]:
+            run.backward((x, y), lambda mb: (plain(mb[0]) - mb[1]).pow(2).mean())
+            run.step(opt)
+    assert_params_close(switched, plain, 1e-6)
+
+
+def test_bf16_from_a_viewer_is_a_stated_change(tmp_path):
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    answers: dict = {}
+    errors: list = []
+    log = tmp_path / "bf16.jsonl"
+    run = headroom.Run(
+        "bf16", model=model, effective_batch=8, micro_batch=4, log=log, precision="fp32"
+    )
+    commands = [("set_precision", {"precision": "bf16"})]
+    viewer = threading.Thread(target=steer, args=(lambda: run, commands, answers, errors))
+    viewer.start()
+    dtypes = []
+
+    def loss(mb):
+        out = model(mb[0])
+        dtypes.append(out.dtype)
+        return (out.float() - mb[1]).pow(2).mean()
+
+    with run:
+        for i, (x, y) in enumerate(_batches(40)):
+            run.backward((x, y), loss)
+            run.step(opt)
+            if answers and i >= 6:
+                break
+    viewer.join(30)
+    assert not errors, errors
+    assert answers["set_precision"]["applied"].startswith("precision fp32 → bf16 from step ")
+    # The forward ran under the run's autocast from then on.
+    assert dtypes[0] == torch.float32 and dtypes[-1] == torch.bfloat16, dtypes
+    lever = [r["decision"] for r in kinds(log, "decision") if r["decision"]["decision"] == "lever"]
+    assert [d["change"] for d in lever] == ["precision fp32 → bf16"]
+
+
+def test_a_lever_the_script_did_not_hand_over_is_refused_by_name(tmp_path):
+    model = Net()
+    run = headroom.Run("none", model=model, effective_batch=8, checkpoint_blocks=model.blocks)
+    with run:
+        answers = dict(
+            run._native.apply_commands(
+                [json.dumps({"command": "set_precision", "precision": "bf16"})]
+            )
+        )
+    assert answers == {}, "the session answers a refusal itself"
+    with pytest.raises(ValueError, match="precision='fp16'"):
+        headroom.Run("bad", model=model, effective_batch=8, precision="fp16")
+    with pytest.raises(TypeError, match="checkpoint_blocks"):
+        headroom.Run("bad", model=model, effective_batch=8, checkpoint_blocks=[1, 2])
+    with pytest.raises(headroom.RunError, match="adaptive run"):
+        headroom.Run("bad", model=model, checkpoint_blocks=model.blocks)
+
+
+@pytest.mark.parametrize("blocks", [True, False], ids=["with-blocks", "without"])
+def test_under_a_real_cap_checkpointing_is_the_last_resort_at_micro_batch_one(tmp_path, blocks):
+    log = tmp_path / "run.jsonl"
+    argv = [sys.executable, str(HERE / "lever_capped.py"), "--log", str(log)]
+    p = subprocess.run(
+        argv + (["--blocks"] if blocks else []),
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    records = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
+    ooms = [r for r in records if r["kind"] == "oom"]
+    assert ooms and ooms[-1]["micro_batch"] == 1 and ooms[-1]["retry_with"] is None, ooms
+    if not blocks:
+        # Nothing left to switch: the run gives up where a run without levers always did.
+        assert p.returncode == 1 and "OutOfMemory" in p.stderr, p.stderr[-2000:]
+        return
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == {
+        "steps": 5,
+        "checkpointing": "blocks",
+    }
+    said = [r["text"] for r in records if r["kind"] == "notice"]
+    assert any("activation checkpointing is now on" in t for t in said), said
+    lever = [
+        r["decision"]
+        for r in records
+        if r["kind"] == "decision" and r["decision"]["decision"] == "lever"
+    ]
+    assert [(d["change"], d["source"]) for d in lever] == [
+        ("activation checkpointing none → blocks", "controller")
+    ]
+    assert records[-1]["kind"] == "finished"
