@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,84 @@ def test_under_a_real_cap_checkpointing_is_the_last_resort_at_micro_batch_one(tm
         ("activation checkpointing none → blocks", "controller")
     ]
     assert records[-1]["kind"] == "finished"
+
+
+def test_an_adapted_trainer_switches_the_models_checkpointing_from_a_viewer(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from hf_models import Samples, tiny_gpt2, training_args
+
+    ds = Samples(200)
+
+    def train(name, commands):
+        model = tiny_gpt2()
+        args = training_args(tmp_path / name, max_steps=12, per_device_train_batch_size=4)
+        trainer = transformers.Trainer(model=model, args=args, train_dataset=ds)
+        cb = headroom.hf.adapt(trainer, log=tmp_path / f"{name}.jsonl")._headroom
+
+        def slow(*a, **k):
+            time.sleep(0.1)  # steps slow enough for the viewer to act mid-run
+
+        trainer.add_callback(type("Slow", (transformers.TrainerCallback,), {"on_step_end": slow}))
+        answers, errors = {}, []
+        t = threading.Thread(target=steer, args=(lambda: cb.run, commands, answers, errors))
+        if commands:
+            t.start()
+        trainer.train()
+        if commands:
+            t.join(timeout=60)
+        assert not errors, errors
+        return model, answers
+
+    switched, answers = train("switched", [("set_checkpointing", {"checkpoint": "blocks"})])
+    assert answers["set_checkpointing"]["applied"].startswith(
+        "activation checkpointing none → blocks from step "
+    ), answers
+    assert _checkpointing(switched)
+    log = tmp_path / "switched.jsonl"
+    lever = [r["decision"] for r in kinds(log, "decision") if r["decision"]["decision"] == "lever"]
+    assert [d["change"] for d in lever] == ["activation checkpointing none → blocks"]
+    plain, _ = train("plain", [])
+    assert not _checkpointing(plain)
+    assert_params_close(switched, plain, 1e-6)
+
+
+def _checkpointing(model) -> bool:
+    """Whether a transformers model checkpoints its layers (5 and 4 name it apart)."""
+    if hasattr(type(model), "is_activation_checkpointing"):
+        return model.is_activation_checkpointing
+    return model.is_gradient_checkpointing
+
+
+def test_a_lightning_fit_switches_the_named_blocks_and_precision_from_a_viewer(tmp_path):
+    L = pytest.importorskip("lightning")
+    from lightning_models import TinyAdaptive, loader, trainer
+
+    import headroom.lightning
+
+    def fit(name, commands):
+        torch.manual_seed(0)
+        model = TinyAdaptive()
+        cb = headroom.lightning.Adaptive(
+            log=tmp_path / f"{name}.jsonl", checkpoint_blocks=model.net.blocks
+        )
+        answers, errors = {}, []
+        th = threading.Thread(target=steer, args=(lambda: cb.run, commands, answers, errors))
+        if commands:
+            th.start()
+        slow = type(
+            "Slow", (L.pytorch.Callback,), {"on_train_batch_end": lambda *a: time.sleep(0.1)}
+        )
+        trainer(tmp_path / name, callbacks=[cb, slow()], max_steps=12).fit(model, loader(12, 8))
+        if commands:
+            th.join(timeout=60)
+        assert not errors, errors
+        return model, answers
+
+    switched, answers = fit("switched", [("set_checkpointing", {"checkpoint": "blocks"})])
+    assert answers["set_checkpointing"]["applied"].startswith(
+        "activation checkpointing none → blocks from step "
+    ), answers
+    plain, _ = fit("plain", [])
+    assert_params_close(switched, plain, 1e-6)
+    _, answers = fit("bf16", [("set_precision", {"precision": "bf16"})])
+    assert answers["set_precision"]["applied"].startswith("precision fp32 → bf16 from step ")

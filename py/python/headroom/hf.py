@@ -119,6 +119,9 @@ class Watch(TrainerCallback):
 
     def _make_run(self, args, state, model, **extra) -> Run:
         kw = {"total_steps": int(state.max_steps or 0), **extra, **self._run_kwargs}
+        if "checkpoint_blocks" in self._run_kwargs:
+            # The script named its blocks: they are the lever, not the model's own switch.
+            kw.pop("checkpointing", None)
         return Run(
             _run_name(self._name, args), model=model, on_checkpoint=self._ask_checkpoint, **kw
         )
@@ -200,7 +203,7 @@ class _Adaptive(Watch):
             # by now): every micro-batch under its no_sync, the gradients averaged once per
             # batch after the ranks agree, so one rank's OOM never strands the others.
             model = self.trainer.model_wrapped
-        self.run = self._make_run(args, state, model, **kw)
+        self.run = self._make_run(args, state, model, **kw, **_hf_levers(args, model))
         self._optimizer = kwargs.get("optimizer") or self.trainer.optimizer
         if self._optimizer is not None:
             self.run.notice(
@@ -228,6 +231,33 @@ class _Adaptive(Watch):
     def on_train_end(self, args, state, control, **kwargs):
         self.end_step()
         super().on_train_end(args, state, control, **kwargs)
+
+
+def _hf_levers(args, model) -> dict:
+    """The levers an adapted Trainer hands its run, through its own seams: activation
+    checkpointing by the model's ``gradient_checkpointing_enable()``/``disable()`` (when
+    the model supports it and the Trainer does not checkpoint already), and the precision
+    of the forward by the run's autocast in ``run.backward`` (when the Trainer runs in
+    float32: its own bf16/fp16 is fixed once accelerate has prepared it)."""
+    levers: dict = {}
+    model = getattr(model, "module", model)
+    if getattr(model, "supports_gradient_checkpointing", False) and not args.gradient_checkpointing:
+        # transformers 5 names it activation checkpointing; 4 gradient checkpointing.
+        new = hasattr(model, "activation_checkpointing_enable")
+        prefix = "activation" if new else "gradient"
+        enable = getattr(model, f"{prefix}_checkpointing_enable")
+        disable = getattr(model, f"{prefix}_checkpointing_disable")
+
+        def switch(on: bool) -> None:
+            if on:
+                enable(**{f"{prefix}_checkpointing_kwargs": {"use_reentrant": False}})
+            else:
+                disable()
+
+        levers["checkpointing"] = switch
+    if not (args.bf16 or args.fp16):
+        levers["precision"] = "fp32"
+    return levers
 
 
 def _run_name(given: str | None, args) -> str:

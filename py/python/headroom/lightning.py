@@ -141,7 +141,12 @@ class Adaptive(Watch):
         # micro-batch under its no_sync (so manual_backward arms no reducer), the gradients
         # averaged once per batch after the ranks agree; FSDP and DeepSpeed are refused.
         model = trainer.strategy.model if trainer.world_size > 1 else pl_module
-        self.run = self._make_run(trainer, model, effective_batch=int(effective))
+        levers = {}
+        if str(trainer.precision) in ("32", "32-true"):
+            # The forward's precision is the run's (its autocast in run.backward) only
+            # where Lightning's own precision plugin leaves float32 alone.
+            levers["precision"] = "fp32"
+        self.run = self._make_run(trainer, model, effective_batch=int(effective), **levers)
         pl_module.headroom = self.run
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
