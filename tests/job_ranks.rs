@@ -63,6 +63,7 @@ fn rank_process() {
         val_bytes: 0,
         config: None,
         checkpoints: None,
+        levers: None,
     }));
     bus.send(Telemetry::Status {
         status: RunStatus::Running,

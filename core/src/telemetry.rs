@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::command::Command;
-use crate::config::RunConfig;
+use crate::config::{Checkpointing, Precision, RunConfig};
 use crate::hints::{Hint, MemoryParts};
 use crate::policy::{Decision, Profile, Thresholds};
 use crate::segments::SegmentMap;
@@ -157,6 +157,35 @@ pub struct RunInfo {
     /// before runs said it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoints: Option<bool>,
+    /// The memory levers the run switches itself (the dashboard's `m` and `a`), as they
+    /// are at its start; absent where it holds none (a Python loop that keeps its own)
+    /// and in logs from before runs said it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub levers: Option<RunLevers>,
+}
+
+/// A run's switchable levers; `None`: not the run's to switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RunLevers {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<Precision>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpointing: Option<Checkpointing>,
+}
+
+impl RunLevers {
+    /// The lever a confirmed command switched, in force from now on.
+    pub fn switched(&mut self, command: &Command) {
+        match command {
+            Command::SetPrecision { precision } if self.precision.is_some() => {
+                self.precision = Some(*precision)
+            }
+            Command::SetCheckpointing { checkpoint } if self.checkpointing.is_some() => {
+                self.checkpointing = Some(*checkpoint)
+            }
+            _ => {}
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

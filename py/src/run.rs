@@ -189,7 +189,7 @@ impl NativeRun {
         effective_batch, micro_batch, log=None, listen=None, sample_hz=4.0,
         cuda_index=None, device_total=None, allocator=None, memory_budget=None,
         hard_limit=false, thresholds=None, profile=None, adaptive=false, job=None,
-        checkpoints=false
+        checkpoints=false, precision=None, checkpointing=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -215,7 +215,19 @@ impl NativeRun {
         adaptive: bool,
         job: Option<(String, u32, u32, u32)>,
         checkpoints: bool,
+        precision: Option<String>,
+        checkpointing: Option<String>,
     ) -> PyResult<NativeRun> {
+        // The levers this run switches itself (precision: its run.backward's autocast;
+        // checkpointing: the blocks it names), as they are at the start.
+        let precision = precision
+            .map(|p| p.parse::<Precision>())
+            .transpose()
+            .map_err(value_error)?;
+        let checkpointing = checkpointing
+            .map(|c| c.parse::<Checkpointing>())
+            .transpose()
+            .map_err(value_error)?;
         if name.trim().is_empty() {
             return Err(value_error(
                 "a run needs a name, e.g. headroom.Run(\"mnist\")",
@@ -290,6 +302,8 @@ impl NativeRun {
             effective_batch,
             total_steps,
         );
+        // Out of micro-batch sizes, a checkpointing lever goes on before the run gives up.
+        session.set_levers(precision, checkpointing, true);
         session.run_started(RunInfo {
             run_name: name.clone(),
             device: device.clone(),
@@ -302,6 +316,7 @@ impl NativeRun {
             val_bytes: 0,
             config: None,
             checkpoints: Some(checkpoints),
+            levers: None,
         });
         let serve = ServeOptions {
             run_name: name.clone(),
@@ -384,24 +399,6 @@ impl NativeRun {
         }
         self.session.set_controller(c);
         self.controller_cfg = Some(cfg);
-        Ok(())
-    }
-
-    /// The levers this run switches itself, as they are now: `precision` ("fp32", "bf16",
-    /// "fp16") when its `run.backward` runs the forward under the run's autocast,
-    /// `checkpointing` ("none", "blocks") when it names blocks to checkpoint. Out of
-    /// micro-batch sizes, checkpointing goes on before the run gives up.
-    #[pyo3(signature = (precision=None, checkpointing=None))]
-    fn levers(&mut self, precision: Option<&str>, checkpointing: Option<&str>) -> PyResult<()> {
-        let precision = precision
-            .map(|p| p.parse::<Precision>())
-            .transpose()
-            .map_err(value_error)?;
-        let checkpointing = checkpointing
-            .map(|c| c.parse::<Checkpointing>())
-            .transpose()
-            .map_err(value_error)?;
-        self.session.set_levers(precision, checkpointing, true);
         Ok(())
     }
 

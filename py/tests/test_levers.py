@@ -89,6 +89,8 @@ def test_a_viewer_switches_checkpointing_mid_run_and_nothing_learned_changes(tmp
         return model, log, answers
 
     switched, log, answers = train("switched", [("set_checkpointing", {"checkpoint": "blocks"})])
+    started = kinds(log, "run_started")[0]
+    assert started["levers"] == {"precision": "fp32", "checkpointing": "none"}, started
     answer = answers["set_checkpointing"]["applied"]
     assert answer.startswith("activation checkpointing none → blocks from step "), answer
     lever = [r["decision"] for r in kinds(log, "decision") if r["decision"]["decision"] == "lever"]

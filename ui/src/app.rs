@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use headroom_core::units::{fmt_bytes, fmt_count, fmt_duration};
 use headroom_core::{
-    EvalMetrics, Hint, HintKind, Level, RunInfo, RunStatus, RunSummary, SegmentMap, StepMetrics,
-    SystemSample,
+    EvalMetrics, Hint, HintKind, Level, RunInfo, RunLevers, RunStatus, RunSummary, SegmentMap,
+    StepMetrics, SystemSample,
 };
 
 use crate::editor::ThresholdEditor;
@@ -270,6 +270,22 @@ impl App {
     /// replay has no run to command.
     pub fn takes_commands(&self) -> bool {
         !self.is_over() && !self.is_stopping() && self.link.is_up() && !self.mode.is_replay()
+    }
+
+    /// The levers the run switches itself, as last confirmed: its own word, else
+    /// `headroom train`'s config (a log from before runs said it); none for a run that
+    /// keeps its own.
+    pub fn levers(&self) -> RunLevers {
+        let Some(info) = self.info.as_ref() else {
+            return RunLevers::default();
+        };
+        info.levers.unwrap_or_else(|| match &info.config {
+            Some(c) => RunLevers {
+                precision: Some(c.model.precision),
+                checkpointing: Some(c.model.checkpoint),
+            },
+            None => RunLevers::default(),
+        })
     }
 
     /// The micro-batch the next step runs at, as last reported.

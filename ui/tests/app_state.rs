@@ -582,8 +582,9 @@ mod feed_time_and_modes {
 }
 
 /// `m` and `a` flip the built-in trainer's levers from what the run reported: the run's
-/// config at the start, then each confirmed switch. A run that reports no config (a
-/// Python run) has no levers here: the keys say so and send nothing.
+/// config at the start, then each confirmed switch. A run that reports neither a config
+/// nor levers (a Python run that keeps its own) has none here: the keys say so and send
+/// nothing.
 #[test]
 fn lever_keys_flip_from_the_confirmed_settings() {
     use headroom_core::{Checkpointing, Precision};
@@ -655,5 +656,47 @@ fn lever_keys_flip_from_the_confirmed_settings() {
         python.events[0].text.contains("its script's"),
         "{:?}",
         python.events[0]
+    );
+}
+
+#[test]
+fn a_python_run_that_hands_over_a_lever_gets_its_key_and_keeps_the_other() {
+    use headroom_core::{Checkpointing, RunLevers};
+    let mut app = App::new("py", false);
+    app.apply(&Telemetry::RunStarted(RunInfo {
+        levers: Some(RunLevers {
+            precision: None,
+            checkpointing: Some(Checkpointing::None),
+        }),
+        ..run_info("cpu", "cpu")
+    }));
+    app.apply(&Telemetry::Status {
+        status: RunStatus::Running,
+    });
+    let blocks = Command::SetCheckpointing {
+        checkpoint: Checkpointing::Blocks,
+    };
+    assert_eq!(
+        app.handle(Action::ToggleCheckpointing),
+        Reaction::Send(blocks.clone())
+    );
+    app.apply(&Telemetry::CommandApplied {
+        command: blocks,
+        applied: "activation checkpointing none → blocks from step 4".into(),
+    });
+    // Confirmed: the key now turns it off.
+    assert_eq!(
+        app.handle(Action::ToggleCheckpointing),
+        Reaction::Send(Command::SetCheckpointing {
+            checkpoint: Checkpointing::None
+        })
+    );
+    assert_eq!(app.handle(Action::TogglePrecision), Reaction::Nothing);
+    assert!(
+        app.events
+            .iter()
+            .any(|e| e.text.contains("precision is its script's") && e.text.contains("precision=")),
+        "{:?}",
+        app.events
     );
 }

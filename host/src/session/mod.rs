@@ -24,7 +24,7 @@ use headroom_core::journal::Journaled;
 use headroom_core::policy::{Decision, Profile, StepObservation, Thresholds, Upcoming};
 use headroom_core::{
     Bus, Checkpointing, Level, MemoryParts, MemorySummary, Notice, PlanCheck, Precision, RunInfo,
-    RunStatus, RunSummary, StepMemory, StepMetrics, Telemetry,
+    RunLevers, RunStatus, RunSummary, StepMemory, StepMetrics, Telemetry,
 };
 
 /// What the driver of a run can do, which decides how the session answers.
@@ -223,8 +223,14 @@ impl Session {
 
     /// The run starts: its description first, then the thresholds in force. The run's
     /// time counts from here.
-    pub fn run_started(&mut self, info: RunInfo) {
+    pub fn run_started(&mut self, mut info: RunInfo) {
         self.started = Instant::now();
+        if self.precision.is_some() || self.checkpointing.is_some() {
+            info.levers = Some(RunLevers {
+                precision: self.precision,
+                checkpointing: self.checkpointing,
+            });
+        }
         self.send(Telemetry::RunStarted(info));
     }
 

@@ -247,6 +247,12 @@ def run_arguments(given: dict[str, Any]) -> SimpleNamespace:
         a.checkpointing,
         "a function fn(on) switching the model's activation checkpointing on or off",
     )
+    levers = (a.precision, a.checkpoint_blocks, a.checkpointing)
+    if a.effective_batch is None and any(x is not None for x in levers):
+        raise _run_error(
+            "precision=, checkpoint_blocks= and checkpointing= are levers the run switches "
+            "in its run.backward: they need an adaptive run (effective_batch=N)"
+        )
     if a.checkpoint_blocks is not None and a.checkpointing is not None:
         raise ValueError(
             "checkpoint_blocks= and checkpointing= both name how to checkpoint: give one "
@@ -285,6 +291,12 @@ def blocks(v: Any) -> list | None:
             "recomputed in backward, e.g. checkpoint_blocks=model.blocks"
         )
     return found
+
+
+def _run_error(text: str) -> Exception:
+    from ._run import RunError  # _run imports this module
+
+    return RunError(text)
 
 
 def _loss_error(text: str) -> Exception:

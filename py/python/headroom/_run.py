@@ -167,11 +167,6 @@ class Run(StopSignals, JobRank):
         self._levers = _levers.Levers(self.device)
         if self._adaptive:
             self._start_controller(a)
-        elif any(x is not None for x in (a.precision, a.checkpoint_blocks, a.checkpointing)):
-            raise RunError(
-                "precision=, checkpoint_blocks= and checkpointing= are levers the run switches "
-                "in its run.backward: they need an adaptive run (effective_batch=N)"
-            )
         # Which batch-size notices were given (a larger batch, a smaller one).
         self._batch_said: set[bool] = set()
         self._step = 0
@@ -209,6 +204,10 @@ class Run(StopSignals, JobRank):
             adaptive=a.adaptive and self._adaptive,
             job=job,
             checkpoints=a.on_checkpoint is not None,
+            precision=a.precision,
+            checkpointing=(
+                "none" if (a.checkpoint_blocks or a.checkpointing) is not None else None
+            ),
         )
         if a.log is not None and run.log_path != a.log:
             # Said where a script's user looks, as well as in the log itself.
@@ -254,9 +253,6 @@ class Run(StopSignals, JobRank):
         )
         self._levers = _levers.Levers(
             self.device, a.precision, a.checkpoint_blocks, a.checkpointing
-        )
-        self._native.levers(
-            precision=self._levers.precision, checkpointing=self._levers.checkpointing
         )
         self._say_batch_range(a.micro_batch, a.min_micro_batch, a.max_micro_batch)
 

@@ -364,6 +364,7 @@ impl Trainer {
             val_bytes: self.data.val_bytes() as u64,
             config: Some(self.cfg.clone()),
             checkpoints: Some(true),
+            levers: None,
         });
         for notice in std::mem::take(&mut self.startup_notices) {
             self.session.send(Telemetry::Notice(notice));

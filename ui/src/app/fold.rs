@@ -200,6 +200,12 @@ impl App {
     }
 
     fn command_applied(&mut self, t: f64, command: &Command, applied: &str) {
+        if let (false, Some(levers)) = (
+            is_refusal(applied),
+            self.info.as_mut().and_then(|i| i.levers.as_mut()),
+        ) {
+            levers.switched(command);
+        }
         let model = self
             .info
             .as_mut()

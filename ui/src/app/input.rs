@@ -1,6 +1,6 @@
 //! What a key does: the state it changes on the screen, and the command it asks the
 //! run for (sent by the event loop, shown once the trainer confirms it).
-use headroom_core::config::{Checkpointing, ModelSection, Precision};
+use headroom_core::config::{Checkpointing, Precision};
 use headroom_core::{Command, Level, RunStatus};
 
 use super::{App, Focus};
@@ -137,22 +137,27 @@ impl App {
             Action::DoubleBatch => self.pin_at(|n| n.saturating_mul(2)),
             Action::HalveBatch => self.pin_at(|n| n / 2),
             Action::FreeCache if self.takes_commands() => Reaction::Send(Command::FreeCache),
-            Action::TogglePrecision if self.takes_commands() => {
-                self.toggle_lever(|m| Command::SetPrecision {
-                    precision: match m.precision {
+            Action::TogglePrecision if self.takes_commands() => match self.levers().precision {
+                Some(now) => Reaction::Send(Command::SetPrecision {
+                    precision: match now {
                         Precision::Fp32 => Precision::Bf16,
                         Precision::Bf16 => Precision::Fp32,
                     },
-                })
-            }
+                }),
+                None => self.not_the_runs("precision", "precision=\"fp32\""),
+            },
             Action::ToggleCheckpointing if self.takes_commands() => {
-                self.toggle_lever(|m| Command::SetCheckpointing {
-                    checkpoint: if m.checkpoint.is_on() {
-                        Checkpointing::None
-                    } else {
-                        Checkpointing::Blocks
-                    },
-                })
+                match self.levers().checkpointing {
+                    Some(now) => Reaction::Send(Command::SetCheckpointing {
+                        checkpoint: if now.is_on() {
+                            Checkpointing::None
+                        } else {
+                            Checkpointing::Blocks
+                        },
+                    }),
+                    None => self
+                        .not_the_runs("activation checkpointing", "checkpoint_blocks=[the blocks]"),
+                }
             }
             Action::StopRun if self.mode.is_attached() && self.takes_commands() => {
                 self.confirm_stop = true;
@@ -179,19 +184,16 @@ impl App {
         }
     }
 
-    /// The command that flips a lever of the built-in model, from the settings the run
-    /// started with and the switches it confirmed since.
-    fn toggle_lever(&mut self, flip: impl Fn(&ModelSection) -> Command) -> Reaction {
-        match self.info.as_ref().and_then(|i| i.config.as_ref()) {
-            Some(cfg) => Reaction::Send(flip(&cfg.model)),
-            None => {
-                self.log(
-                    Level::Warn,
-                    "this run's precision and checkpointing are its script's, not headroom's",
-                );
-                Reaction::Nothing
-            }
-        }
+    /// A lever key on a run that keeps that lever: said, nothing sent.
+    fn not_the_runs(&mut self, lever: &str, how: &str) -> Reaction {
+        self.log(
+            Level::Warn,
+            format!(
+                "this run's {lever} is its script's, not headroom's (a Python run hands it \
+                 over with headroom.Run({how}))"
+            ),
+        );
+        Reaction::Nothing
     }
 
     /// Pins the micro-batch at `f(current)`; nothing when no step has reported one.

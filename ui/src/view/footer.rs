@@ -77,10 +77,10 @@ fn label_now(app: &App, key: &str, short: &'static str) -> Option<&'static str> 
         "c" | "t" | "P" | "b" | "+/-" | "f" | "m" | "a" if !commands => None,
         // Named for where the key goes from here.
         "m" | "a" => {
-            let model = &app.info.as_ref()?.config.as_ref()?.model;
+            let levers = app.levers();
             Some(match key {
-                "m" if model.precision == headroom_core::Precision::Bf16 => "fp32",
-                "a" if model.checkpoint.is_on() => "keep acts",
+                "m" if levers.precision? == headroom_core::Precision::Bf16 => "fp32",
+                "a" if levers.checkpointing?.is_on() => "keep acts",
                 _ => short,
             })
         }

@@ -40,6 +40,7 @@ pub fn run_info(device: &str, device_name: &str) -> RunInfo {
         val_bytes: 111_540,
         config: Some(RunConfig::default()),
         checkpoints: Some(true),
+        levers: None,
     }
 }
 
