@@ -5,6 +5,7 @@
 //! controller. Everything torch-specific (tensors, the allocator, OOM exceptions) stays
 //! in Python (`python/headroom/`); this crate never links libtorch.
 mod allocator;
+mod limit;
 mod run;
 
 use pyo3::prelude::*;
