@@ -221,15 +221,15 @@ def die_with_parent() -> None:
 
 
 def _child_setup() -> None:
-    """In the child, before exec: dies with this process, and starts with SIGINT and SIGQUIT
-    at their defaults, as a terminal's foreground job does. A suite started in the
-    background of a non-interactive shell (`cmd &`) has both ignored, an ignore that
-    every child inherits and that headroom rightly keeps (as it keeps nohup's SIGHUP),
-    so the SIGQUIT test would hang there."""
+    """In the child, before exec: dies with this process, and starts with SIGINT, SIGQUIT
+    and SIGHUP at their defaults, as a terminal's foreground job does. A suite started in
+    the background of a non-interactive shell (`cmd &`) has SIGINT and SIGQUIT ignored, one
+    started under nohup SIGHUP: an ignore that every child inherits and that headroom
+    rightly keeps, so the tests that send those signals would hang there."""
     import signal
 
     die_with_parent()
-    for sig in (signal.SIGINT, signal.SIGQUIT):
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
 
 

@@ -221,8 +221,8 @@ impl Session {
         self.bus.take()
     }
 
-    /// The run starts: its description first, then the thresholds in force. The run's
-    /// time counts from here.
+    /// The run starts: its description, with the levers the driver switches itself. The
+    /// run's time (the summary's) counts from here.
     pub fn run_started(&mut self, mut info: RunInfo) {
         self.started = Instant::now();
         if self.precision.is_some() || self.checkpointing.is_some() {
