@@ -277,3 +277,23 @@ def test_a_lightning_fit_switches_the_named_blocks_and_precision_from_a_viewer(t
     assert_params_close(switched, plain, 1e-6)
     _, answers = fit("bf16", [("set_precision", {"precision": "bf16"})])
     assert answers["set_precision"]["applied"].startswith("precision fp32 → bf16 from step ")
+
+
+@pytest.mark.parametrize("lever", ["checkpointing:blocks", "precision:bf16"])
+def test_a_switched_lever_lowers_the_next_steps_peak_and_says_by_how_much(tmp_path, lever):
+    p = subprocess.run(
+        [sys.executable, str(HERE / "lever_peaks.py"), "--log", str(tmp_path / "run.jsonl")]
+        + ["--lever", lever],
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    [decision] = json.loads(p.stdout.strip().splitlines()[-1])
+    before, after = decision["before"], decision["after"]
+    assert (before["step"], after["step"]) == (2, 3)
+    assert decision["freed_bytes"] == before["peak_bytes"] - after["peak_bytes"]
+    # Eight blocks' activations of two 4,096-token sequences: about 100 MiB recomputed
+    # (checkpointing) or halved (bf16) out of a step's peak.
+    assert decision["freed_bytes"] > 32 << 20, decision
