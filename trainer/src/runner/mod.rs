@@ -208,6 +208,9 @@ pub fn spawn(
                     return Err(text);
                 }
             };
+            // Said before `spawn` returns: whatever starts then (the sampler, the log
+            // writer, viewers' catch-up) comes after the run's start in the stream.
+            trainer.announce();
             let _ = ready_tx.send(Ok(trainer.device));
             drop(ready_tx);
             let outcome = catch_unwind(AssertUnwindSafe(|| trainer.run(&commands)))
@@ -350,15 +353,16 @@ struct Trainer {
 }
 
 impl Trainer {
-    fn run(&mut self, commands: &Receiver<Command>) -> Result<RunSummary, String> {
-        let total = self.cfg.run.steps;
+    /// The run's start: what it is, the notices its preparation gathered, the thresholds
+    /// in force.
+    fn announce(&mut self) {
         self.session.run_started(RunInfo {
             run_name: self.cfg.run.name.clone(),
             device: device::label(self.device),
             device_name: device::human_name(self.device),
             parameters: self.model.num_parameters(),
             start_step: self.start_step,
-            total_steps: total,
+            total_steps: self.cfg.run.steps,
             corpus: self.data.name().to_string(),
             train_bytes: self.data.train_bytes() as u64,
             val_bytes: self.data.val_bytes() as u64,
@@ -370,6 +374,10 @@ impl Trainer {
             self.session.send(Telemetry::Notice(notice));
         }
         self.session.thresholds_changed("config", None);
+    }
+
+    fn run(&mut self, commands: &Receiver<Command>) -> Result<RunSummary, String> {
+        let total = self.cfg.run.steps;
         self.start_plan();
         self.session.status(RunStatus::Running);
 
