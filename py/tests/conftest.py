@@ -138,6 +138,17 @@ def kinds(log: Path, kind: str) -> list[dict]:
     return [r for r in records(log) if r["kind"] == kind]
 
 
+def live_records(log: Path, kind: str | None = None) -> list[dict]:
+    """The records (of `kind`) of a log its run is still writing: its complete lines
+    only, since the writer may be in the middle of the last one."""
+    if not log.exists():
+        return []
+    text = log.read_text()
+    done = text[: text.rfind("\n") + 1]
+    found = [json.loads(line) for line in done.splitlines() if line.strip()]
+    return [r for r in found if kind is None or r["kind"] == kind]
+
+
 class TinyGPT(torch.nn.Module):
     """A small causal transformer over byte tokens."""
 

@@ -22,6 +22,7 @@ from conftest import (
     finish,
     gpt_batches,
     kinds,
+    live_records,
     output,
     torchrun,
     wait,
@@ -146,7 +147,7 @@ def test_a_rank_with_a_tighter_cap_splits_finer_and_the_job_trains(tmp_path):
 def _wait_for_steps(log: Path, n: int, job: subprocess.Popen, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if log.exists() and len(kinds(log, "step")) >= n:
+        if len(live_records(log, "step")) >= n:
             return
         assert job.poll() is None, output(job)
         time.sleep(0.1)
@@ -251,13 +252,13 @@ def test_commands_sent_to_rank_0_reach_every_rank_at_the_same_step(tmp_path, run
         for r in range(2):
             log = tmp_path / f"rank{r}.jsonl"
             deadline = time.monotonic() + 60
-            while not [c for c in kinds(log, "command_applied") if "paused" in c["applied"]]:
+            while not any("paused" in c["applied"] for c in live_records(log, "command_applied")):
                 assert time.monotonic() < deadline, f"rank {r} never paused"
                 time.sleep(0.1)
         time.sleep(1.0)
-        held = [len(kinds(tmp_path / f"rank{r}.jsonl", "step")) for r in range(2)]
+        held = [len(live_records(tmp_path / f"rank{r}.jsonl", "step")) for r in range(2)]
         time.sleep(1.0)
-        assert [len(kinds(tmp_path / f"rank{r}.jsonl", "step")) for r in range(2)] == held
+        assert [len(live_records(tmp_path / f"rank{r}.jsonl", "step")) for r in range(2)] == held
         paused_at = [
             next(
                 c["applied"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import records, spawn
+from conftest import live_records, records, spawn
 
 HERE = Path(__file__).resolve().parent
 
@@ -251,7 +251,7 @@ def test_sigterm_in_a_long_step_gives_it_up_at_the_next_micro_batch_and_the_resu
     assert p.stdout.readline().strip() == "ready"
     log = tmp_path / "run.jsonl"
     deadline = time.monotonic() + 60
-    while not any(r["kind"] == "step" for r in records(log)):
+    while not live_records(log, "step"):
         assert time.monotonic() < deadline, "step 1 never ended"
         time.sleep(0.05)
     time.sleep(1.5)
