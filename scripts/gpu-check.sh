@@ -23,7 +23,7 @@
 #       # for overhead and telemetry, which `all` leaves out. Without the wheels, hf and
 #       # lightning are SKIP lines unless the device's Python has the frameworks itself.
 #   (on the GPU machine)  OUT=$OUT bash scripts/gpu-check.sh all
-#                         OUT=$OUT bash scripts/gpu-check.sh info|run|oom|ramp|dash|fidelity|overhead|telemetry|nvml|py-oom|py-dash|levers|plan|keys|oom-snapshot|py-alloc|py-snapshot|hints|hf|lightning|ddp-nccl|hardcap ...
+#                         OUT=$OUT bash scripts/gpu-check.sh info|run|oom|ramp|dash|fidelity|overhead|telemetry|nvml|py-oom|py-dash|levers|plan|keys|oom-snapshot|py-levers|py-alloc|py-snapshot|hints|hf|lightning|ddp-nccl|hardcap ...
 #
 # (Use the lent machine's own $OUT, whose files come back; OUT=out keeps them there.) The
 # command runs in the repository root, so the carried files are at $ROOT/target/gpu/. The
@@ -38,7 +38,7 @@
 # logs (the device's Python parses them). Checkpoints and the frameworks' install go to
 # $WORK (a scratch folder, removed at the end): a 86M-parameter checkpoint is 1 GiB.
 #
-# `all` runs info levers plan keys oom-snapshot py-alloc py-snapshot hints hf lightning
+# `all` runs info levers py-levers plan keys oom-snapshot py-alloc py-snapshot hints hf lightning
 # ddp-nccl hardcap, then run fidelity nvml, within ALL_BUDGET seconds (450; every timeout
 # is cut to what is left, and a section that no longer fits is a SKIP line), with run at
 # RUN_STEPS=10 and nvml at NVML_STEPS=12 steps. It leaves out oom ramp dash overhead
@@ -140,7 +140,7 @@ imports() {
 # The sections `all` runs, in order, and those it leaves out with the reason.
 # What never ran on a GPU comes first; run, fidelity and nvml (passed on the first loan)
 # come last, so that a slow machine spends the budget on the new paths.
-ALL=(info levers plan keys oom-snapshot py-alloc py-snapshot hints hf lightning ddp-nccl hardcap run fidelity nvml)
+ALL=(info levers py-levers plan keys oom-snapshot py-alloc py-snapshot hints hf lightning ddp-nccl hardcap run fidelity nvml)
 NOT_IN_ALL=(oom ramp dash overhead telemetry py-oom py-dash)
 left_out() {
   case "$1" in
@@ -598,6 +598,45 @@ for w in sorted(pathlib.Path(sys.argv[1]).glob("*.whl")):
         print(w)
 PY
 
+cat > "$WORK/py/py_levers.py" << 'PY'
+"""py-levers: a hand-written loop's levers on CUDA. The GPT at a fixed micro-batch, fp32
+and no checkpointing; a viewer's `checkpointing:blocks` before step 2 and `precision:bf16`
+before step 4, carried out as the run's poll does. Each switch is a lever decision whose
+before/after peaks are the caching allocator's (torch.cuda.max_memory_allocated)."""
+
+import json
+import sys
+
+import torch
+from hrgpu import GPT, batches
+
+import headroom
+
+log, batch = sys.argv[1], int(sys.argv[2])
+torch.manual_seed(0)
+model = GPT().cuda()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+losses = []
+with headroom.Run(
+    "gpu-py-levers",
+    model=model,
+    effective_batch=batch,
+    micro_batch=batch,
+    adaptive=False,
+    memory_budget="40GiB",
+    log=log,
+    total_steps=6,
+    checkpoint_blocks=model.blocks,
+    precision="fp32",
+) as run:
+    for i, b in enumerate(batches(6, batch)):
+        if i in (2, 4):
+            print(run._carry_out("checkpointing:blocks" if i == 2 else "precision:bf16"))
+        losses.append(run.backward(b, model.loss))
+        run.step(opt)
+print(json.dumps({"losses": losses}))
+PY
+
 cat > "$WORK/py/summary.py" << 'PY'
 """One summary line for a section of gpu-check.sh, from its own logs under OUT:
 `PASS|FAIL|SKIP section — the number that shows it`. Usage: summary.py OUT SECTION [ARG]"""
@@ -1027,6 +1066,21 @@ def hardcap():
     return check(ok and runs and gave_up == len(runs), text)
 
 
+def py_levers():
+    rs = recs("py-levers.jsonl")
+    done, total = steps_of(rs)
+    levers = [d["decision"] for d in kind(rs, "decision") if d["decision"]["decision"] == "lever"]
+    check(len(levers) == 2, f"{len(levers)} lever decisions, not 2 ({done}/{total} steps, exit "
+          f"{rc('py-levers')}): {tail('py-levers.out')}")
+    parts = []
+    for d in levers:
+        b, a = d["before"], d["after"]
+        parts.append(f"{d['change']}: step {b['step']} {gib(b['peak_bytes'])} → step {a['step']} "
+                     f"{gib(a['peak_bytes'])} (freed {gib(d['freed_bytes'])})")
+    ok = all((d["freed_bytes"] or 0) > 0 for d in levers) and rc("py-levers") == 0
+    return check(ok and done == total, "; ".join(parts) + f"; {done}/{total} steps")
+
+
 SECTIONS = {
     "info": info, "run": run, "fidelity": fidelity, "nvml": nvml, "oom": oom, "ramp": ramp,
     "dash": lambda: screen("dash"), "py-dash": lambda: screen("py-dash"),
@@ -1035,7 +1089,7 @@ SECTIONS = {
     "oom-snapshot": oom_snapshot, "py-alloc": py_alloc, "py-snapshot": py_snapshot,
     "hints": hints, "hf": lambda: framework("hf", "transformers", "hf.result.json"),
     "lightning": lambda: framework("lightning", "lightning", "lightning.result.json"),
-    "ddp-nccl": ddp_nccl, "hardcap": hardcap,
+    "ddp-nccl": ddp_nccl, "hardcap": hardcap, "py-levers": py_levers,
 }
 
 def one_line(text):
@@ -1264,6 +1318,15 @@ PY
       ran py-alloc; tail -3 "$OUT/py-alloc.out"
       summarize py-alloc
       ;;
+    py-levers)
+      # The Python package's levers on CUDA (py_levers.py): activation checkpointing of the
+      # GPT's blocks, then autocast bf16, switched as a viewer would, PYLEVER_BATCH (256).
+      section py-levers; have_py py-levers && need 25 py-levers || continue
+      PYTHONPATH=$PYP timeout "$(tmo 90)" "$PY" "$WORK/py/py_levers.py" "$OUT/py-levers.jsonl" \
+        "${PYLEVER_BATCH:-256}" > "$OUT/py-levers.out" 2>&1
+      ran py-levers; tail -3 "$OUT/py-levers.out"
+      summarize py-levers
+      ;;
     py-snapshot)
       # Run(oom_snapshot=True) on CUDA: the same loop; the OOM writes memory_viz's pickle
       # beside the log ($OUT/py-snapshot.oom-stepN.pickle) with the allocations' history.
@@ -1340,13 +1403,21 @@ else:
 PY
         cat "$OUT/hardcap-py.out"
       fi
+      # The budget: 160 MiB above what the run holds before training (its refusal of 64 MiB
+      # names it; 390 MiB on an H200 machine, 382 MiB on the CPU one), far below the
+      # 900 MiB one sequence of 8192 tokens needs: tests/memory_control.rs does the same.
+      printf '[data]\nseq_len = 8192\n' > "$WORK/long.toml"
+      long=(train --headless --device cpu --threads 1 --config "$WORK/long.toml" --steps 3
+        --batch-size 1 --effective-batch 2)
+      held=$("$BIN" "${long[@]}" --memory-budget 64MiB --hard-limit 2>&1 |
+        sed -n 's/.*already holds (\([0-9]*\) MiB.*/\1/p')
+      budget=${HARDCAP_BUDGET:-$((${held:-390} + 160))MiB}
+      echo "held before training: ${held:-?} MiB; budget $budget"
       for i in $(seq "${HARDCAP_RUNS:-3}"); do
         d=$OUT/hardcap/$i
         mkdir -p "$d"
-        printf '[data]\nseq_len = 8192\n' > "$d/long.toml"
-        HEADROOM_INJECT_FULL_CAP=1 timeout "$(tmo 40)" "$BIN" train --headless --device cpu --threads 1 \
-          --config "$d/long.toml" --steps 3 --batch-size 1 --effective-batch 2 \
-          --memory-budget "${HARDCAP_BUDGET:-420MiB}" --hard-limit --log "$d/run.jsonl" \
+        HEADROOM_INJECT_FULL_CAP=1 timeout "$(tmo 40)" "$BIN" "${long[@]}" \
+          --memory-budget "$budget" --hard-limit --log "$d/run.jsonl" \
           --checkpoint-dir "$WORK/hardcap-$i" > "$d/out" 2>&1
         echo $? > "$d/rc"
         if [[ -f $WORK/hardcap-$i/step-000000/state.json ]]; then echo yes; else echo no; fi > "$d/ckpt"

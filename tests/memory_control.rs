@@ -78,8 +78,29 @@ fn hard_limit_recovers_from_real_ooms_and_settles_under_target() {
     assert_eq!(log.last().unwrap()["kind"], "finished");
 }
 
-/// One sequence of 8192 tokens needs about 900 MiB; under a 420 MiB cap it fails at
-/// micro-batch 1, three times: the run stops with a checkpoint and a message, not a crash.
+/// What a run with `args` holds before training, bytes, as its refusal of a 64 MiB budget
+/// names it ("already holds (382 MiB: …"): libtorch's libraries, the data, the model.
+/// Machine-dependent (390 MiB on an H200 machine's CUDA libtorch against 382 MiB here),
+/// so a cap meant to be just above it is measured, not written down.
+fn held_before_training(dir: &std::path::Path, args: &[&str]) -> u64 {
+    let out = bin()
+        .current_dir(dir)
+        .args(args)
+        .args(["--memory-budget", "64MiB", "--hard-limit"])
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    let held = err
+        .split("already holds (")
+        .nth(1)
+        .and_then(|rest| rest.split(':').next())
+        .unwrap_or_else(|| panic!("no 'already holds (…:' in {err}"));
+    headroom_core::units::parse_bytes(held).unwrap_or_else(|e| panic!("{held}: {e}"))
+}
+
+/// One sequence of 8192 tokens needs about 900 MiB; under a cap 160 MiB above what the
+/// process holds before training it fails at micro-batch 1, three times: the run stops
+/// with a checkpoint and a message, not a crash.
 /// The second run fills the cap at the give-up (`HEADROOM_INJECT_FULL_CAP`), so that the
 /// record, the checkpoint and the message are written while the kernel gives no new
 /// memory at all, as when training holds the cap full: headroom's own allocations must
@@ -87,40 +108,41 @@ fn hard_limit_recovers_from_real_ooms_and_settles_under_target() {
 /// no checkpoint).
 #[test]
 fn gives_up_at_micro_batch_one_with_a_checkpoint_and_a_reason() {
+    // One libtorch thread: each thread's stack is data the cap counts, and a pool sized
+    // by the machine's cores would change what fits.
+    let args = [
+        "train",
+        "--headless",
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--config",
+        "long.toml",
+        "--steps",
+        "3",
+        "--batch-size",
+        "1",
+        "--effective-batch",
+        "2",
+    ];
     for full_cap in [false, true] {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("long.toml"), "[data]\nseq_len = 8192\n").unwrap();
+        let budget = held_before_training(dir.path(), &args) + (160 << 20);
         let mut cmd = bin();
         if full_cap {
             cmd.env("HEADROOM_INJECT_FULL_CAP", "1");
         }
-        // One libtorch thread: each thread's stack is data the cap counts, and a pool
-        // sized by the machine's cores would change what fits.
         let out = cmd
             .current_dir(dir.path())
+            .args(args)
             .args([
-                "train",
-                "--headless",
-                "--device",
-                "cpu",
-                "--threads",
-                "1",
-                "--config",
-                "long.toml",
-                "--steps",
-                "3",
-                "--batch-size",
-                "1",
-                "--effective-batch",
-                "2",
                 "--memory-budget",
-                "420MiB",
+                &format!("{}MiB", budget >> 20),
                 "--hard-limit",
-                "--log",
-                "run.jsonl",
-                "--checkpoint-dir",
-                "ck",
             ])
+            .args(["--log", "run.jsonl", "--checkpoint-dir", "ck"])
             .output()
             .unwrap();
         let err = stderr(&out);
