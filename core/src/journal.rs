@@ -57,6 +57,15 @@ pub enum Call {
     /// `set_thresholds(t)` (accepted ones only: a refused call changes nothing).
     #[serde(rename = "t")]
     Thresholds(Thresholds),
+    /// `eval_size(asked, seq_len)`.
+    #[serde(rename = "es")]
+    EvalSize(usize, usize),
+    /// `eval_measured(size, seq_len, peak_bytes)`.
+    #[serde(rename = "em")]
+    EvalMeasured(usize, usize, u64),
+    /// `eval_oom(size, seq_len)`.
+    #[serde(rename = "eo")]
+    EvalOom(usize, usize),
 }
 
 /// A controller whose changing calls are recorded. Reading calls reach the controller
@@ -140,6 +149,13 @@ impl Journaled {
                 // Recorded only once accepted: a replay accepts it again.
                 let _ = self.set_thresholds(t);
             }
+            Call::EvalSize(asked, seq) => {
+                self.eval_size(asked, seq);
+            }
+            Call::EvalMeasured(size, seq, peak) => self.eval_measured(size, seq, peak),
+            Call::EvalOom(size, seq) => {
+                self.eval_oom(size, seq);
+            }
         }
     }
 
@@ -194,6 +210,23 @@ impl Journaled {
         self.controller.set_thresholds(t)?;
         self.journal.calls.push(Call::Thresholds(t));
         Ok(())
+    }
+
+    pub fn eval_size(&mut self, asked: usize, seq_len: usize) -> (usize, Vec<Decision>) {
+        self.journal.calls.push(Call::EvalSize(asked, seq_len));
+        self.controller.eval_size(asked, seq_len)
+    }
+
+    pub fn eval_measured(&mut self, size: usize, seq_len: usize, peak_bytes: u64) {
+        self.journal
+            .calls
+            .push(Call::EvalMeasured(size, seq_len, peak_bytes));
+        self.controller.eval_measured(size, seq_len, peak_bytes);
+    }
+
+    pub fn eval_oom(&mut self, size: usize, seq_len: usize) -> (Option<usize>, Decision) {
+        self.journal.calls.push(Call::EvalOom(size, seq_len));
+        self.controller.eval_oom(size, seq_len)
     }
 }
 

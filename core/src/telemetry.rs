@@ -61,6 +61,22 @@ pub enum Telemetry {
         /// libtorch's message.
         error: String,
     },
+    /// An evaluation chunk ran out of memory; its samples are retried in chunks of
+    /// `retry_with` (none: one sample does not fit, and the evaluation fails). Training's
+    /// micro-batch is not touched.
+    EvalOom {
+        /// The training step the evaluation follows (0: before the first).
+        step: u64,
+        /// What the driver calls the pass: `eval`, `validation`, `test`, `predict`.
+        phase: String,
+        size: usize,
+        seq_len: usize,
+        retry_with: Option<usize>,
+        error: String,
+    },
+    /// One evaluation pass, as its own phase: how its batches were split and what they
+    /// peaked at. Sent when the pass ends.
+    EvalMemory(EvalMemory),
     /// The thresholds in force changed (at start, from a command); `source` says who.
     ThresholdsChanged {
         thresholds: Thresholds,
@@ -121,6 +137,8 @@ impl Telemetry {
             Telemetry::CommandApplied { .. } => "command_applied",
             Telemetry::Decision { .. } => "decision",
             Telemetry::Oom { .. } => "oom",
+            Telemetry::EvalOom { .. } => "eval_oom",
+            Telemetry::EvalMemory(_) => "eval_memory",
             Telemetry::ThresholdsChanged { .. } => "thresholds_changed",
             Telemetry::StepMemory(_) => "step_memory",
             Telemetry::Finished(_) => "finished",
@@ -261,6 +279,33 @@ pub struct EvalMetrics {
     /// Mean training loss over the steps since the previous evaluation.
     pub train_loss: f64,
     pub tokens: u64,
+}
+
+/// An evaluation pass's memory (the `eval_memory` record): its batches ran in chunks the
+/// controller sized (policy/eval.rs) to stay under target.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalMemory {
+    /// The training step the evaluation follows (0: before the first).
+    pub step: u64,
+    /// What the driver calls the pass: `eval`, `validation`, `test`, `predict`.
+    pub phase: String,
+    pub batches: u64,
+    pub samples: u64,
+    /// The largest batch asked for (the loader's or the script's batch size).
+    pub asked: usize,
+    /// The chunk size the pass ended at (`asked`: never split).
+    pub size: usize,
+    /// Forward passes run, retries after out-of-memory errors included.
+    pub chunks: u64,
+    /// The longest sample, tokens (1 when the driver did not say).
+    pub seq_len: usize,
+    /// The largest chunk's peak, bytes, and against the limit.
+    pub peak_bytes: u64,
+    pub limit_bytes: u64,
+    pub usage: f64,
+    /// Chunks that ran out of memory and were retried smaller.
+    pub ooms: u64,
+    pub seconds: f64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -691,6 +736,8 @@ mod schema_doc {
             "command_applied",
             "decision",
             "oom",
+            "eval_oom",
+            "eval_memory",
             "thresholds_changed",
             "step_memory",
             "finished",

@@ -57,7 +57,12 @@ pub fn decision_level(d: &Decision) -> Level {
             ResizeReason::Grow | ResizeReason::Pinned => Level::Info,
         },
         Decision::EmptyCache { .. } | Decision::Warning { .. } => Level::Warn,
-        Decision::CeilingLearned { .. }
+        Decision::EvalSize {
+            reason: ResizeReason::Oom,
+            ..
+        } => Level::Warn,
+        Decision::EvalSize { .. }
+        | Decision::CeilingLearned { .. }
         | Decision::CeilingRaised { .. }
         | Decision::Lever { .. } => Level::Info,
     }
@@ -181,6 +186,22 @@ fn decision_text(step: u64, d: &Decision) -> String {
             "{change} ({source}): {}",
             lever_effect(before.as_ref(), after, *freed_bytes)
         ),
+        Decision::EvalSize {
+            from,
+            to,
+            reason: ResizeReason::Oom,
+            ..
+        } if from == to => format!("evaluation ran out of memory in chunks of {from}"),
+        Decision::EvalSize {
+            from, to, reason, ..
+        } => format!(
+            "evaluation chunks {from} → {to}{}",
+            match reason {
+                ResizeReason::Oom => " after out of memory",
+                ResizeReason::Grow => ", room to grow",
+                _ => ", predicted over target",
+            }
+        ),
     }
 }
 
@@ -257,6 +278,7 @@ pub fn decision_headline(step: u64, d: &Decision) -> String {
         Decision::Warning { forecast: true, .. } => "forecast warning".into(),
         Decision::Warning { .. } => "warning".into(),
         Decision::Lever { change, .. } => change.clone(),
+        Decision::EvalSize { from, to, .. } => format!("eval chunks {from} → {to}"),
     };
     format!("step {step}: {what}")
 }
@@ -317,6 +339,14 @@ pub fn decision_reason(step: u64, d: &Decision, t: Option<&Thresholds>) -> Strin
         } => format!(
             "switched by {source}; {}",
             lever_effect(before.as_ref(), after, *freed_bytes)
+        ),
+        Decision::EvalSize {
+            reason: ResizeReason::Oom,
+            ..
+        } => "an evaluation chunk ran out of memory; training's micro-batch is unchanged".into(),
+        Decision::EvalSize { usage, .. } => format!(
+            "evaluation's own peaks: predicted {} at the new size; training's micro-batch is unchanged",
+            pct(*usage)
         ),
     }
 }

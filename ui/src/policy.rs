@@ -243,7 +243,7 @@ impl PolicyState {
                     predicted: None,
                 });
             }
-            Decision::Warning { .. } | Decision::Lever { .. } => {}
+            Decision::Warning { .. } | Decision::Lever { .. } | Decision::EvalSize { .. } => {}
         }
         self.last_decision = Some((step, d.clone()));
     }

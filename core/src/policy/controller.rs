@@ -16,6 +16,7 @@
 //! unpins it); the controller then only warns.
 use super::decision;
 pub use super::estimate::ERROR_WINDOW;
+use super::eval::EvalSizer;
 use super::evidence::{PendingShrink, Reading, ShrinkCheck};
 use super::memory_model::MemoryModel;
 pub use super::messages::{Decision, OomOutcome, ResizeReason, StepObservation, Upcoming};
@@ -28,6 +29,8 @@ use super::thresholds::{ThresholdError, Thresholds};
 #[derive(Debug, Clone)]
 pub struct Controller {
     state: State,
+    /// Evaluation's chunk size, judged against this controller's thresholds and limit.
+    eval: EvalSizer,
 }
 
 impl Controller {
@@ -39,6 +42,7 @@ impl Controller {
     ) -> Controller {
         Controller {
             state: State::new(cfg, thresholds, limit_bytes, micro_batch),
+            eval: EvalSizer::default(),
         }
     }
 
@@ -189,6 +193,44 @@ impl Controller {
             decisions,
             retry_with: Some(self.state.size.micro_batch),
         }
+    }
+
+    /// Evaluation's chunks are planned under target less the margin, as the steps are.
+    fn eval_room(&self) -> u64 {
+        let fraction = (self.state.thresholds.target - self.margin()).max(0.05);
+        (fraction * self.limit_bytes() as f64) as u64
+    }
+
+    pub fn eval_sizer(&self) -> &EvalSizer {
+        &self.eval
+    }
+
+    /// The chunk size for an evaluation batch of `asked` samples of `seq_len` tokens
+    /// (policy/eval.rs), with the decision when it changed from the last such batch.
+    pub fn eval_size(&mut self, asked: usize, seq_len: usize) -> (usize, Vec<Decision>) {
+        let room = self.eval_room();
+        let limit = self.limit_bytes().max(1) as f64;
+        let model = self.eval.model().clone();
+        let (size, decision) = self.eval.size_for(asked, seq_len, room, |n| {
+            model
+                .predict((n * seq_len.max(1)) as u64)
+                .map(|b| b as f64 / limit)
+        });
+        (size, decision.into_iter().collect())
+    }
+
+    /// An evaluation chunk of `size` samples peaked at `peak_bytes`.
+    pub fn eval_measured(&mut self, size: usize, seq_len: usize, peak_bytes: u64) {
+        let usage = peak_bytes as f64 / self.limit_bytes().max(1) as f64;
+        let critical = usage >= self.state.thresholds.critical;
+        self.eval.measured(size, seq_len, peak_bytes, critical);
+    }
+
+    /// An evaluation chunk of `size` ran out of memory: the size to retry the same samples
+    /// with (`None`: one sample does not fit) and the decision saying so.
+    pub fn eval_oom(&mut self, size: usize, seq_len: usize) -> (Option<usize>, Decision) {
+        let room = self.eval_room();
+        self.eval.oom(size, seq_len, room)
     }
 
     /// Before a step: the horizon takes in what is coming, then the forecast's rules.

@@ -95,6 +95,16 @@ pub enum Decision {
         /// (negative: the peak rose); `None` otherwise (then compare per token).
         freed_bytes: Option<i64>,
     },
+    /// The chunk size evaluation batches run at changed (policy/eval.rs): after a chunk
+    /// ran out of memory (`Oom`, usage 1.0), or for the next batch from what evaluation's
+    /// own peaks predict (`Forecast` smaller, `Grow` larger; `usage` predicted at `to`).
+    /// The training micro-batch is not affected.
+    EvalSize {
+        from: usize,
+        to: usize,
+        reason: ResizeReason,
+        usage: f64,
+    },
 }
 
 /// A step's measured peak and the shape it ran at, as a [`Decision::Lever`] reports it.

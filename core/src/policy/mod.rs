@@ -4,10 +4,12 @@
 //! The controller's rules read its state (`state.rs`) and propose moves (`moves.rs`);
 //! [`controller`] applies them, the one place the state is written (docs/CONTROLLER.md).
 //! `estimate.rs` says what memory costs, `evidence.rs` what a reading means, `horizon.rs`
-//! the length sizes are planned for; `decision.rs` and `reflexes.rs` hold the rules.
+//! the length sizes are planned for; `decision.rs` and `reflexes.rs` hold the rules;
+//! `eval.rs` sizes evaluation's chunks against the same thresholds and limit.
 pub mod controller;
 mod decision;
 mod estimate;
+pub mod eval;
 mod evidence;
 mod horizon;
 pub mod memory_model;

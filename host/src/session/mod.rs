@@ -6,6 +6,7 @@
 //! the bus, answers commands and decides. What only a driver can do (save a checkpoint,
 //! free a cache, switch a lever, block while paused) it is handed back.
 mod commands;
+mod eval;
 mod levers;
 mod policy;
 mod sinks;
@@ -138,6 +139,8 @@ pub struct Session {
     /// Out of micro-batch sizes, checkpointing goes on and the step is retried
     /// (`memory.auto_checkpoint`; a Python run with a checkpointing lever).
     auto_checkpoint: bool,
+    /// The evaluation pass in progress (eval.rs).
+    eval_pass: Option<eval::EvalPass>,
 }
 
 impl Session {
@@ -171,6 +174,7 @@ impl Session {
             precision: None,
             checkpointing: None,
             auto_checkpoint: false,
+            eval_pass: None,
         }
     }
 
