@@ -579,6 +579,52 @@ impl NativeRun {
         Ok(())
     }
 
+    /// An evaluation pass begins (`phase`: eval, validation, test, predict).
+    fn eval_begin(&mut self, phase: &str) -> PyResult<()> {
+        self.live()?;
+        self.session.eval_begin(phase);
+        Ok(())
+    }
+
+    /// The chunk size for an evaluation batch of `asked` samples (the controller's,
+    /// core/src/policy/eval.rs; opens a pass named `eval` when none is).
+    fn eval_size(&mut self, asked: usize, seq_len: usize) -> PyResult<usize> {
+        self.live()?;
+        Ok(self.session.eval_size(asked, seq_len.max(1)))
+    }
+
+    /// An evaluation chunk completed at `peak_bytes`.
+    fn eval_chunk(&mut self, size: usize, seq_len: usize, peak_bytes: u64) -> PyResult<()> {
+        self.live()?;
+        let limit = if self.cuda {
+            self.limit
+        } else {
+            procmem::current_cpu_limit(self.limit)
+        };
+        self.session
+            .eval_chunk(size, seq_len.max(1), peak_bytes, limit);
+        Ok(())
+    }
+
+    /// An evaluation chunk ran out of memory: the size to retry its samples with
+    /// (`None`: one sample does not fit).
+    fn eval_oom(&mut self, size: usize, seq_len: usize, error: &str) -> PyResult<Option<usize>> {
+        self.live()?;
+        Ok(self.session.eval_oom(size, seq_len.max(1), error))
+    }
+
+    /// The evaluation pass ends; whether one was open.
+    fn eval_end(&mut self) -> PyResult<bool> {
+        self.live()?;
+        Ok(self.session.eval_end().is_some())
+    }
+
+    /// Whether an evaluation pass is open.
+    #[getter]
+    fn evaluating(&self) -> bool {
+        self.session.evaluating()
+    }
+
     /// A line for the dashboard's event log: `level` is info, warn or error.
     #[pyo3(signature = (text, level="info", source="python"))]
     fn notice_text(&self, text: String, level: &str, source: &str) -> PyResult<()> {

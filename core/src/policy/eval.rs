@@ -17,6 +17,10 @@ pub struct EvalSizer {
     model: MemoryModel,
     /// Chunks of this many tokens or more ran out of memory (or peaked at critical).
     ceiling_tokens: Option<u64>,
+    /// The largest chunk, tokens, that peaked under critical: a fit's extrapolation does
+    /// not shrink below what ran (when the fixed part alone is near the limit, a fit
+    /// would otherwise ask for chunks of one sample that save nothing).
+    ran_tokens: Option<u64>,
     /// The last batch's (asked, chunk size): a change at the same asked size is a
     /// decision; a smaller last batch of an epoch is not.
     last: Option<(usize, usize)>,
@@ -41,9 +45,10 @@ impl EvalSizer {
         let fitted = if self.model.is_empty() {
             None
         } else {
+            let ran = self.ran_tokens.map_or(1, |t| (t / seq).max(1) as usize);
             self.model
                 .max_batch_under(under_bytes, seq_len)
-                .map(|n| n.max(1))
+                .map(|n| n.max(ran))
         };
         match (below_ceiling, fitted) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -89,6 +94,8 @@ impl EvalSizer {
         self.model.observe_at(tokens, peak_bytes, seq_len);
         if critical {
             self.lower_ceiling(tokens);
+        } else if self.ceiling_tokens.is_none_or(|c| tokens < c) {
+            self.ran_tokens = Some(self.ran_tokens.map_or(tokens, |t| t.max(tokens)));
         }
     }
 
@@ -185,6 +192,16 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn a_fit_does_not_shrink_below_a_size_that_ran_under_critical() {
+        let mut s = EvalSizer::default();
+        // A fixed part near the limit: the fit says no sample fits under 21 MiB, but 8
+        // ran (under critical), so chunks stay at 8.
+        s.measured(8, 100, 20 << 20, false);
+        s.measured(4, 100, 19 << 20, false);
+        assert_eq!(s.size_for(64, 100, 18 << 20, |_| None).0, 8);
     }
 
     #[test]

@@ -519,6 +519,7 @@ impl Session {
 
     /// The run finished (or stopped): its status and summary, the last records.
     pub fn finished(&mut self, stopped_by_user: bool) -> RunSummary {
+        self.eval_end();
         let summary = self.summary(stopped_by_user);
         self.status(RunStatus::Finished);
         self.send(Telemetry::Finished(summary.clone()));
@@ -527,6 +528,7 @@ impl Session {
 
     /// The run failed, with the reason.
     pub fn failed(&mut self, reason: String) {
+        self.eval_end();
         self.status(RunStatus::Failed);
         self.send(Telemetry::Failed { reason });
     }

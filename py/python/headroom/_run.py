@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _args, _batch, _dist, _job, _levers, _native, _torch
+from . import _args, _batch, _dist, _eval, _job, _levers, _native, _torch
 from ._job import JobRank
 from ._signals import StopSignals
 
@@ -392,6 +392,7 @@ class Run(StopSignals, JobRank):
         seq_len = _args.whole("run.report(seq_len=)", seq_len, 1, 1)
         lr = _args.optional_number("run.report(lr=)", lr)
         grad_norm = _args.optional_number("run.report(grad_norm=)", grad_norm)
+        self._end_evaluation()
         step = self._step + 1
         now = time.perf_counter()
         dt = now - self._boundary_t
@@ -454,6 +455,7 @@ class Run(StopSignals, JobRank):
             )
         if self._native.ended:
             raise RunError("this run has ended; create a new headroom.Run")
+        self._end_evaluation()
         if self._accumulated is not None:
             raise RunError(
                 "run.backward() was called twice without run.step(optimizer) between: the "
@@ -758,6 +760,94 @@ class Run(StopSignals, JobRank):
         v = _args.loss_value(val_loss, "val_loss")
         t = v if train_loss is None else _args.loss_value(train_loss, "train_loss")
         self._native.eval(self._step, v, t, tokens)
+
+    # ---- evaluation ----------------------------------------------------------------------
+
+    def evaluate(
+        self,
+        batch: Any,
+        fn: Callable[[Any], Any],
+        *,
+        combine: Any = None,
+        split: Callable[[Any, int, int], Any] | None = None,
+        samples: int | None = None,
+        seq_len: int | None = None,
+        grad: bool = False,
+    ) -> Any:
+        """``fn(batch)`` for an evaluation batch, run in chunks that fit: returns what
+        ``fn`` on the whole batch would have (a mean loss, logits, a dict of them).
+
+        The chunk size is the controller's (evaluation's own peaks against the run's
+        thresholds); a chunk that runs out of memory is retried smaller, only its
+        samples, and the size is kept for the next batch. The training micro-batch is not
+        touched. The results combine per leaf: floating-point scalars as a mean weighted
+        by samples, integer scalars added, tensors with a batch dimension concatenated;
+        ``combine="mean"|"sum"|"cat"`` or ``combine=fn([(samples, result), ...])`` says
+        otherwise (a metric that is not a mean of per-sample values). `split`, `samples`
+        and `seq_len` as for :meth:`backward`. Runs under ``torch.no_grad()`` unless
+        ``grad=True``. Consecutive calls form one evaluation pass in the log and on the
+        dashboard (the ``eval_memory`` record), ended by the next training step or by
+        :meth:`evaluation`'s block.
+        """
+        if self._native.ended:
+            raise RunError("this run has ended; create a new headroom.Run")
+        if self._accumulated is not None:
+            raise RunError(
+                "run.evaluate() between run.backward() and run.step(): its chunks' peaks "
+                "would be measured into the step's; evaluate after run.step(optimizer)"
+            )
+        _args.callback(
+            "run.evaluate(batch, fn)'s fn",
+            fn,
+            "a function of an evaluation chunk returning its result, e.g. lambda b: model.loss(b)",
+        )
+        if fn is None:
+            raise TypeError(
+                "run.evaluate(batch, fn): fn is None; give a function of an evaluation chunk "
+                "returning its result, e.g. lambda b: model.loss(b)"
+            )
+        _args.callback("run.evaluate(split=)", split, "a function split(batch, start, end)")
+        samples = _args.optional_whole("run.evaluate(samples=)", samples, 1, 32)
+        seq_len = _args.optional_whole("run.evaluate(seq_len=)", seq_len, 1, 128)
+        if split is not None and samples is None:
+            samples = _batch.samples_of(batch)
+        with contextlib.nullcontext() if grad else torch.no_grad():
+            try:
+                return _eval.run_batch(
+                    self._native,
+                    self._meter,
+                    self.device,
+                    batch,
+                    fn,
+                    capped=self._hard_limit,
+                    combine=combine,
+                    cut=split,
+                    samples=samples,
+                    seq_len=seq_len,
+                )
+            finally:
+                # The next step's peak starts from here, not from the last chunk's.
+                self._meter.reset()
+
+    @contextlib.contextmanager
+    def evaluation(self, phase: str = "eval"):
+        """A block whose :meth:`evaluate` calls are one evaluation pass named `phase`
+        (``"validation"``, ``"test"``, …): its ``eval_memory`` record is written when the
+        block ends."""
+        if not isinstance(phase, str) or not phase:
+            raise ValueError(f"run.evaluation(phase={phase!r}): give a name, e.g. 'validation'")
+        self._native.eval_begin(phase)
+        try:
+            yield self
+        finally:
+            if not self._native.ended:
+                self._native.eval_end()
+
+    def _end_evaluation(self) -> None:
+        """A training step begins: an evaluation pass still open (run.evaluate calls without
+        run.evaluation's block) ends here."""
+        if self._native.evaluating:
+            self._native.eval_end()
 
     def state_dict(self) -> dict:
         """What a checkpoint needs to continue this run as if it had never stopped: the

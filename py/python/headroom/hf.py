@@ -12,6 +12,7 @@ What `adapt` overrides and what it keeps: docs/PYTHON.md, "Hugging Face Trainer"
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import types
 from typing import Any
@@ -29,7 +30,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from accelerate.utils import DistributedType
 
-from . import _batch, _torch
+from . import _batch, _eval, _torch
 from ._run import Run, RunError, _default_name
 
 __all__ = ["Watch", "adapt"]
@@ -282,7 +283,10 @@ def adapt(trainer: transformers.Trainer, **run_kwargs: Any) -> transformers.Trai
     the instance's ``training_step`` (its body is the Trainer's: the same
     ``compute_loss``, loss normalisation and ``accelerator.backward``, per micro-batch).
     Kept: the Trainer's own gradient accumulation, mixed precision, clipping, optimizer
-    and LR schedule, logging, evaluation, checkpoints and ``resume_from_checkpoint``.
+    and LR schedule, logging, checkpoints and ``resume_from_checkpoint``. Evaluation
+    (``evaluate``, ``predict``, evaluation during ``train()``) runs each
+    ``per_device_eval_batch_size`` batch in chunks that fit (``prediction_step`` per
+    chunk, the results joined), so an eval batch larger than memory allows completes.
     Under ``torchrun`` with the Trainer's DDP, each rank cuts its own per-device batch
     (a tighter rank cuts finer) and the gradients are averaged once per batch, after every
     rank has finished its micro-batches, instead of inside the last backward; FSDP and
@@ -308,7 +312,121 @@ def adapt(trainer: transformers.Trainer, **run_kwargs: Any) -> transformers.Trai
     trainer.add_callback(cb)
     trainer._headroom = cb
     trainer.training_step = types.MethodType(_training_step, trainer)
+    _chunk_evaluation(trainer, cb)
     return trainer
+
+
+def _chunk_evaluation(trainer: transformers.Trainer, cb: _Adaptive) -> None:
+    """``evaluate`` and ``predict`` in batches that fit: each of the Trainer's evaluation
+    batches (``per_device_eval_batch_size``) runs through ``run.evaluate``, its
+    ``prediction_step`` per chunk and the chunks' (loss, logits, labels) joined: the loss
+    as a mean weighted by samples (the Trainer itself weights its batches' losses so),
+    logits and labels concatenated. Each ``evaluation_loop`` is one pass in the log
+    (``eval``, ``test`` or ``predict``); ``evaluate`` and ``predict`` outside ``train()``
+    get a run of their own."""
+    loop, step = trainer.evaluation_loop, trainer.prediction_step
+
+    def own_run(call):
+        """`evaluate`/`predict` outside `train()` in a run of its own; after a fit, one
+        that goes on from the fit's run (its controller replayed: the evaluation size it
+        learned is kept)."""
+
+        @functools.wraps(call)
+        def wrapped(*args, **kwargs):
+            before = cb.run
+            if before is not None and not before._native.ended:
+                cb.end_step()
+                return call(*args, **kwargs)
+            cb.run = cb._make_run(
+                trainer.args,
+                trainer.state,
+                trainer.model,
+                effective_batch=int(trainer.args.per_device_train_batch_size),
+                total_steps=0,
+            )
+            if before is not None:
+                cb.run.load_state_dict(before.state_dict())
+            try:
+                out = call(*args, **kwargs)
+            except BaseException as e:
+                cb.run.fail(f"{type(e).__name__}: {e}")
+                raise
+            cb.run.finish()
+            return out
+
+        return wrapped
+
+    def evaluation_loop(dataloader, description, *args, **kwargs):
+        prefix = kwargs.get("metric_key_prefix", args[2] if len(args) > 2 else "eval")
+        phase = "predict" if str(description).lower().startswith("predict") else str(prefix)
+        run = cb.run
+        if run is None or run._native.ended:
+            return loop(dataloader, description, *args, **kwargs)
+        with run.evaluation(phase):
+            return loop(dataloader, description, *args, **kwargs)
+
+    def prediction_step(model, inputs, prediction_loss_only, ignore_keys=None, **kwargs):
+        run = cb.run
+        if run is None or run._native.ended:
+            return step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **kwargs)
+
+        def one(chunk):
+            out = step(model, chunk, prediction_loss_only, ignore_keys=ignore_keys, **kwargs)
+            return out, _label_tokens(model, chunk)
+
+        return run.evaluate(inputs, one, combine=_join_predictions)
+
+    trainer.evaluate = own_run(trainer.evaluate)
+    trainer.predict = own_run(trainer.predict)
+    trainer.evaluation_loop = evaluation_loop
+    trainer.prediction_step = prediction_step
+
+
+def _join_predictions(parts: list) -> tuple:
+    """The chunks' ``prediction_step`` results as the whole batch's: logits and labels
+    concatenated; the loss, a mean over what the model's loss averages (a language
+    model's label tokens, else samples), weighted by each chunk's count of it, so that it
+    is the unsplit batch's loss and not a mean of means."""
+    if len(parts) == 1:
+        return parts[0][1][0]
+    outs = [(n, out) for n, (out, _) in parts]
+    weights = [n if w is None else w for n, (_, w) in parts]
+    if sum(weights) == 0:
+        weights = [n for n, _ in outs]
+    losses = [out[0] for _, out in outs]
+    rest = _eval.combine_parts([(n, tuple(out[1:])) for n, out in outs])
+    loss = None
+    if losses[0] is not None:
+        loss = sum(x.double() * w for x, w in zip(losses, weights)) / sum(weights)
+        loss = loss.to(losses[0].dtype)
+    return (loss, *rest)
+
+
+def _label_tokens(model, inputs) -> int | None:
+    """How many label tokens the model's own loss averages over in `inputs` (a causal
+    LM shifts its labels by one; -100 is ignored), or None when it averages over samples
+    (a classifier) or the batch has no token labels."""
+    labels = inputs.get("labels") if isinstance(inputs, dict) or hasattr(inputs, "keys") else None
+    if not isinstance(labels, torch.Tensor) or labels.dim() < 2 or labels.is_floating_point():
+        return None
+    m = getattr(model, "module", model)
+    kind = str(getattr(m, "loss_type", None) or "")
+    causal = "CausalLM" in kind or type(m).__name__ in _causal_lm_classes()
+    if causal:
+        labels = labels[..., 1:]
+    return int((labels != -100).sum())
+
+
+@functools.cache
+def _causal_lm_classes() -> frozenset:
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:  # pragma: no cover - a transformers without the auto mapping
+        return frozenset()
+    names = set()
+    for v in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+        names.update(v if isinstance(v, (tuple, list)) else (v,))
+    return frozenset(names)
 
 
 def _training_step(self, model, inputs, num_items_in_batch=None):

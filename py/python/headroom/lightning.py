@@ -15,6 +15,7 @@ Fabric needs neither: ``run.backward(batch, loss_fn, backward=fabric.backward)``
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -31,8 +32,13 @@ except ImportError:  # pragma: no cover - depends on the environment
             "`import headroom` alone works without it"
         ) from e
 
-from . import _batch
+from . import _batch, _eval
 from ._run import Run, RunError
+
+try:
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+except ImportError:  # pragma: no cover - pytorch_lightning
+    from pytorch_lightning.utilities.model_helpers import is_overridden
 
 __all__ = ["Adaptive", "AdaptiveModule", "Watch"]
 
@@ -117,7 +123,10 @@ class Adaptive(Watch):
     ``batch_size``: each batch is one optimizer step, cut into micro-batches. Under
     ``torchrun`` with ``strategy="ddp"``, each rank cuts its own batch (a tighter rank
     cuts finer) and the gradients are averaged once per batch, after every rank has
-    finished its micro-batches.
+    finished its micro-batches. The module's ``validation_step``, ``test_step`` and
+    ``predict_step`` run each batch in chunks that fit, their results joined (a loss as a
+    samples-weighted mean, tensors with a batch dimension concatenated), so a validation
+    batch larger than memory allows completes.
     """
 
     def __init__(self, name=None, dirpath=None, effective_batch: int | None = None, **run_kwargs):
@@ -151,6 +160,89 @@ class Adaptive(Watch):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self._carry_out(trainer)
+
+    # ---- evaluation in batches that fit -----------------------------------------------------
+
+    _EVAL_STEPS = (
+        ("validation_step", "validation"),
+        ("test_step", "test"),
+        ("predict_step", "predict"),
+    )
+
+    def setup(self, trainer, pl_module, stage):
+        """Each evaluation step the module defines runs its batch in chunks that fit
+        (`_chunked`); the validation loop during the fit is one pass in the log each time."""
+        self._plain = _eval.Plain()
+        for hook, _ in self._EVAL_STEPS:
+            if is_overridden(hook, pl_module) and not getattr(
+                getattr(pl_module, hook), "_headroom", False
+            ):
+                setattr(
+                    pl_module, hook, self._chunked(trainer, pl_module, getattr(pl_module, hook))
+                )
+
+    def _chunked(self, trainer, pl_module, step):
+        """`step` over a batch in chunks the fit's run sizes (before the run exists, as
+        in the sanity check, or outside a fit: halved after an out-of-memory error, the
+        size kept). Lightning's `self.log` inside it weights each chunk's value by the
+        chunk's own samples (the batch its logger reads is pointed at the chunk), so an
+        epoch's mean is the unsplit one's."""
+
+        @functools.wraps(step)
+        def chunked(batch, *args, **kwargs):
+            run = self.run if self.run is not None and not self.run._native.ended else None
+            results = getattr(trainer, "_results", None)
+
+            def call(chunk, fn):
+                if results is not None:
+                    results.batch, results.batch_size = chunk, None
+                return fn(chunk)
+
+            try:
+                return _eval.run_batch(
+                    run._native if run is not None else self._plain,
+                    run._meter if run is not None else None,
+                    run.device if run is not None else pl_module.device,
+                    batch,
+                    lambda chunk: step(chunk, *args, **kwargs),
+                    capped=bool(run is not None and run._hard_limit),
+                    on_chunk=call,
+                )
+            finally:
+                if results is not None:
+                    results.batch, results.batch_size = batch, None
+                if run is not None:
+                    run._meter.reset()
+
+        chunked._headroom = True
+        return chunked
+
+    def _eval_begin(self, trainer, phase: str) -> None:
+        if self.run is not None and not self.run._native.ended and not trainer.sanity_checking:
+            self.run._native.eval_begin(phase)
+
+    def _eval_end(self) -> None:
+        if self.run is not None and not self.run._native.ended:
+            self.run._native.eval_end()
+
+    def on_validation_start(self, trainer, pl_module):
+        self._eval_begin(trainer, "validation")
+
+    def on_validation_end(self, trainer, pl_module):
+        self._eval_end()
+        super().on_validation_end(trainer, pl_module)
+
+    def on_test_start(self, trainer, pl_module):
+        self._eval_begin(trainer, "test")
+
+    def on_test_end(self, trainer, pl_module):
+        self._eval_end()
+
+    def on_predict_start(self, trainer, pl_module):
+        self._eval_begin(trainer, "predict")
+
+    def on_predict_end(self, trainer, pl_module):
+        self._eval_end()
 
 
 class AdaptiveModule(pl.LightningModule):
