@@ -25,10 +25,6 @@ import torch
 from . import _batch, _torch
 
 
-class EvalOutOfMemory(RuntimeError):
-    """One sample of an evaluation batch does not fit."""
-
-
 class Plain:
     """The sizer when there is no run to ask (Lightning's sanity check runs before the
     fit's run exists): halves after an out-of-memory error and keeps the size; no
@@ -97,7 +93,9 @@ def run_batch(
         retry = sizer.eval_oom(end - start, seq, failed)
         _torch.free_memory(device)
         if retry is None:
-            raise EvalOutOfMemory(
+            from ._run import OutOfMemory  # _run imports this module
+
+            raise OutOfMemory(
                 f"evaluation ran out of memory at one sample ({seq} tokens): {failed}. "
                 "Give the run more memory or make a sample smaller"
             )
