@@ -197,6 +197,28 @@ pub fn inject_oom_steps(args: &TrainArgs, env: Option<&str>) -> Result<Vec<u64>>
     Ok(steps)
 }
 
+/// Validation chunks to inject out-of-memory errors at, from `HEADROOM_INJECT_EVAL_OOM`
+/// (tests of validation's recovery; deliberately not a flag): 1-based, counting only the
+/// chunks of more than one window, over the whole run.
+pub fn inject_eval_oom_chunks(env: Option<&str>) -> Result<Vec<u64>> {
+    let Some(text) = env.filter(|t| !t.trim().is_empty()) else {
+        return Ok(Vec::new());
+    };
+    let mut chunks = Vec::new();
+    for part in text.split(',') {
+        match part.trim().parse::<u64>() {
+            Ok(n) if n > 0 => chunks.push(n),
+            _ => bail!(
+                "HEADROOM_INJECT_EVAL_OOM='{text}': '{part}' is not a chunk number (they count \
+                 from 1); give e.g. 1,3"
+            ),
+        }
+    }
+    chunks.sort_unstable();
+    chunks.dedup();
+    Ok(chunks)
+}
+
 impl TrainArgs {
     /// The config this run uses: the file (or defaults) with the flags applied, or, when
     /// resuming, the checkpoint's own config with only the flags that cannot change what
@@ -436,6 +458,20 @@ mod tests {
         );
         let err = inject_oom_steps(&args(&["--inject-oom", "0"]), None).unwrap_err();
         assert!(err.to_string().contains("from 1"), "{err}");
+    }
+
+    #[test]
+    fn injected_validation_ooms_come_from_the_environment() {
+        assert_eq!(inject_eval_oom_chunks(None).unwrap(), Vec::<u64>::new());
+        assert_eq!(
+            inject_eval_oom_chunks(Some(" ")).unwrap(),
+            Vec::<u64>::new()
+        );
+        assert_eq!(inject_eval_oom_chunks(Some("3, 1,3")).unwrap(), vec![1, 3]);
+        for bad in ["x", "0", "2,-1"] {
+            let err = inject_eval_oom_chunks(Some(bad)).unwrap_err().to_string();
+            assert!(err.contains("HEADROOM_INJECT_EVAL_OOM"), "{bad}: {err}");
+        }
     }
 
     #[test]

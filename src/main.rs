@@ -96,6 +96,8 @@ fn train(mut args: TrainArgs) -> Result<u8> {
     let renamed = rundirs::pick_fresh(&mut config, &args);
     let inject_oom =
         cli::inject_oom_steps(&args, std::env::var("HEADROOM_INJECT_OOM").ok().as_deref())?;
+    let inject_eval_oom =
+        cli::inject_eval_oom_chunks(std::env::var("HEADROOM_INJECT_EVAL_OOM").ok().as_deref())?;
     let inject_panic =
         cli::inject_panic_step(std::env::var("HEADROOM_INJECT_PANIC").ok().as_deref())?;
     // Checked now, truncated only once the trainer is ready: a run that fails to start
@@ -155,6 +157,7 @@ fn train(mut args: TrainArgs) -> Result<u8> {
         start_micro_batch: args.start_micro_batch(),
         config: config.clone(),
         inject_oom,
+        inject_eval_oom,
         inject_panic,
         stop: stop.clone(),
     };

@@ -191,6 +191,131 @@ fn injected_ooms_from_the_environment_are_recovered() {
     assert_eq!(steps, (1..=6).collect::<Vec<_>>());
 }
 
+/// `HEADROOM_INJECT_EVAL_OOM=2`: the second validation chunk of more than one window (the
+/// second batch of the first validation, 8 windows: the training micro-batch) fails with
+/// the allocator's own error after its forward, inside the chunk's attempt, where a real
+/// one surfaces. Only that chunk's windows are retried, in halves; the size is kept, so
+/// the next validation starts split without failing again; training's micro-batch, its
+/// losses and the validation losses are those of the same run without the injection.
+#[test]
+fn a_validation_oom_splits_its_chunk_and_the_next_validation_starts_at_the_learned_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, inject: Option<&str>| {
+        let mut cmd = bin();
+        match inject {
+            Some(chunks) => cmd.env("HEADROOM_INJECT_EVAL_OOM", chunks),
+            None => cmd.env_remove("HEADROOM_INJECT_EVAL_OOM"),
+        };
+        // tiny.toml: 20 steps of micro-batch 8 (the effective batch: the controller
+        // cannot grow it), validation after step 10 and at the end, 2 × 8 windows.
+        let out = cmd
+            .current_dir(dir.path())
+            .args(["train", "--headless", "--threads", "1", "--config"])
+            .arg(common::fixture("tiny.toml"))
+            .args(["--log", &format!("{name}.jsonl"), "--checkpoint-dir", name])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{name}: {}", stderr(&out));
+        read_log(&dir.path().join(format!("{name}.jsonl")))
+    };
+    let clean = run("clean", None);
+    let split = run("split", Some("2"));
+
+    let ooms = of_kind(&split, "eval_oom");
+    assert_eq!(ooms.len(), 1, "{ooms:?}");
+    let o = ooms[0];
+    assert_eq!(
+        (o["step"].as_u64(), o["phase"].as_str()),
+        (Some(10), Some("validation"))
+    );
+    assert_eq!(o["size"], 8);
+    assert!(o["retry_with"].as_u64().unwrap() < 8, "{o}");
+    assert!(
+        o["error"].as_str().unwrap().contains("allocate"),
+        "the allocator's own: {o}"
+    );
+    assert!(
+        of_kind(&split, "oom").is_empty(),
+        "a validation OOM is not a step's: {split:?}"
+    );
+    let decided: Vec<_> = of_kind(&split, "decision")
+        .into_iter()
+        .filter(|d| d["decision"]["decision"] == "eval_size")
+        .collect();
+    assert_eq!(decided.len(), 1, "{decided:?}");
+    assert_eq!(decided[0]["step"], 10);
+    assert_eq!(decided[0]["decision"]["reason"], "oom");
+    assert_eq!(decided[0]["decision"]["from"], 8);
+    assert_eq!(decided[0]["decision"]["to"], o["retry_with"]);
+    // The old notice is gone: the record and the decision say it.
+    assert!(
+        !of_kind(&split, "notice").iter().any(|n| n["text"]
+            .as_str()
+            .unwrap()
+            .contains("validation ran out of memory")),
+        "{split:?}"
+    );
+
+    let memory = of_kind(&split, "eval_memory");
+    assert_eq!(memory.len(), 2, "{memory:?}");
+    let (first, next) = (memory[0], memory[1]);
+    let field = |r: &serde_json::Value, k: &str| r[k].as_u64().unwrap();
+    assert_eq!(first["step"], 10);
+    assert_eq!(first["phase"], "validation");
+    assert_eq!((field(first, "asked"), field(first, "samples")), (8, 16));
+    assert!(field(first, "ooms") >= 1, "{first}");
+    assert!(field(first, "size") < 8, "{first}");
+    // 8 whole, the failed 8, then its windows in two halves: the first batch is not run
+    // again (a validation started over would take 1 + 1 + 4 chunks).
+    assert_eq!(field(first, "chunks"), 4, "{first}");
+    assert!(field(first, "peak_bytes") > 0 && first["usage"].as_f64().unwrap() > 0.0);
+    // The next validation starts at the size learned, and does not fail again.
+    assert_eq!(next["step"], 20);
+    assert_eq!(field(next, "ooms"), 0, "{next}");
+    assert_eq!(field(next, "size"), field(first, "size"), "{next}");
+    assert!(field(next, "size") < field(next, "asked"), "{next}");
+    // Without the injection nothing is split.
+    for m in of_kind(&clean, "eval_memory") {
+        assert_eq!(
+            (field(m, "ooms"), field(m, "size"), field(m, "chunks")),
+            (0, 8, 2),
+            "{m}"
+        );
+    }
+
+    // Training is untouched: the same micro-batch and the same loss at every step.
+    let steps = |log: &[serde_json::Value]| -> Vec<(u64, u64, f64)> {
+        of_kind(log, "step")
+            .iter()
+            .map(|s| {
+                (
+                    field(s, "step"),
+                    field(s, "micro_batch"),
+                    s["loss"].as_f64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(steps(&split), steps(&clean));
+    assert_eq!(steps(&split).len(), 20);
+    // And validation's result does not depend on the chunks (per-token losses summed in
+    // double precision; measured equal to the last bit, see trainer/tests/training.rs).
+    let val = |log: &[serde_json::Value]| -> Vec<f64> {
+        of_kind(log, "eval")
+            .iter()
+            .map(|e| e["val_loss"].as_f64().unwrap())
+            .collect()
+    };
+    let (a, b) = (val(&split), val(&clean));
+    assert_eq!(a.len(), 2);
+    for (x, y) in a.iter().zip(&b) {
+        assert!(
+            (x - y).abs() <= 1e-12 * y,
+            "val_loss {x} split vs {y} whole"
+        );
+    }
+}
+
 #[test]
 fn memory_flags_with_bad_values_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();

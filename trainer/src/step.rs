@@ -170,15 +170,40 @@ pub fn evaluate(
         return Ok(f64::NAN);
     }
     let device = model.device();
-    let _guard = tch::no_grad_guard();
-    // Summed in double precision so the result does not depend on how it was chunked.
     let mut total = Tensor::f_zeros([], (Kind::Double, device))?;
     for part in offsets.chunks(chunk.max(1)) {
-        let (x, y) = data.val_batch(part, device)?;
-        let sum = model.loss(&x, &y, Reduction::Sum)?;
-        total = total.f_add(&sum.f_to_kind(Kind::Double)?)?;
+        total = total.f_add(&validation_sum(model, data, part, false)?)?;
     }
-    let tokens = (offsets.len() * data.seq_len()) as f64;
+    validation_mean(data, offsets.len(), &total)
+}
+
+/// The cross-entropy of every token of the validation windows at `part`, summed in
+/// double precision, as a scalar on the model's device (no host synchronisation). Each
+/// token's loss is taken in float32 and summed as a double, so a total over chunks does
+/// not depend on where the chunks were cut (a float32 sum per chunk did, by its rounding).
+/// `inject_oom` (`HEADROOM_INJECT_EVAL_OOM`): after the forward, ask the allocator for an
+/// impossible amount, so the chunk fails with the allocator's own out-of-memory error at
+/// the point a natural one would surface, its activations still held.
+pub fn validation_sum(
+    model: &Gpt,
+    data: &Dataset,
+    part: &[usize],
+    inject_oom: bool,
+) -> Result<Tensor, TchError> {
+    let device = model.device();
+    let _guard = tch::no_grad_guard();
+    let (x, y) = data.val_batch(part, device)?;
+    let per_token = model.loss(&x, &y, Reduction::None)?;
+    if inject_oom {
+        return Err(oom::provoke(device));
+    }
+    per_token.f_to_kind(Kind::Double)?.f_sum(Kind::Double)
+}
+
+/// The mean loss per token of `windows` validation windows whose summed loss is `total`
+/// ([`validation_sum`]s added): one host synchronisation.
+pub fn validation_mean(data: &Dataset, windows: usize, total: &Tensor) -> Result<f64, TchError> {
+    let tokens = (windows * data.seq_len()) as f64;
     let total = f64::try_from(&total.f_to_device(Device::Cpu)?)?;
     Ok(total / tokens)
 }

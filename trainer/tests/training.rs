@@ -80,6 +80,10 @@ fn same_seed_same_losses_bitwise() {
     assert_eq!(losses(), losses());
 }
 
+/// Each token's loss is summed in double precision, so where the chunks are cut does not
+/// move the result: measured equal to the last bit for chunks of 1, 2, 3, 5, 7, 8 and 15
+/// of 16 windows (a float32 sum per chunk, as before, moved it by up to 5.4e-8 relative,
+/// chunks of 15). 1e-12 leaves room for a double sum taken in another order, nothing more.
 #[test]
 fn validation_does_not_depend_on_the_chunk_size() {
     let cfg = tiny();
@@ -91,10 +95,10 @@ fn validation_does_not_depend_on_the_chunk_size() {
         (whole - 256f64.ln()).abs() < 0.5,
         "untrained loss near ln 256: {whole}"
     );
-    for chunk in [5, 1, 7] {
+    for chunk in [5, 1, 7, 3, 8, 2, 15] {
         let v = evaluate(&model, &data, &offsets, chunk).unwrap();
         assert!(
-            (v - whole).abs() < 1e-5 * whole,
+            (v - whole).abs() <= 1e-12 * whole,
             "chunk {chunk}: {v} vs {whole}"
         );
     }

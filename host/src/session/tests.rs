@@ -1,5 +1,5 @@
 use headroom_core::journal::Journaled;
-use headroom_core::policy::{ControllerConfig, Decision, Profile, Thresholds};
+use headroom_core::policy::{ControllerConfig, Decision, Profile, ResizeReason, Thresholds};
 use headroom_core::{Bus, BusReceivers, Checkpointing, Command, Precision, RunStatus, Telemetry};
 
 use super::*;
@@ -308,4 +308,146 @@ fn out_of_sizes_a_checkpointing_lever_is_the_last_resort_once() {
     // With it on, nothing is left: the next give-up is final.
     assert_eq!(give_up(&mut s).retry_with, None);
     drop(rx);
+}
+
+/// Evaluation as its own phase: each batch's chunk size from the controller, a chunk's
+/// out-of-memory error answered with a smaller size for its samples and said (an
+/// `eval_oom` record, an `eval_size` decision), the size kept for the next batch and the
+/// next pass, one `eval_memory` record per pass; training's micro-batch untouched.
+#[test]
+fn an_evaluation_pass_splits_after_an_oom_keeps_the_size_and_says_so() {
+    const GIB: u64 = 1 << 30;
+    let (mut s, rx) = session(Driver::BUILT_IN, true);
+    s.resume_at(10, 0, None);
+    let micro = s.micro_batch();
+    s.eval_begin("validation");
+    assert!(s.evaluating());
+    // As asked until something bounds it.
+    assert_eq!(s.eval_size(8, 64), 8);
+    s.eval_chunk(8, 64, 100 << 20, GIB);
+    assert_eq!(s.eval_size(8, 64), 8);
+    assert_eq!(s.eval_oom(8, 64, "CUDA out of memory\nmore"), Some(4));
+    s.eval_chunk(4, 64, 60 << 20, GIB);
+    s.eval_chunk(4, 64, 70 << 20, GIB);
+    let first = s.eval_end().unwrap();
+    assert!(!s.evaluating());
+    assert_eq!(
+        (
+            first.step,
+            first.phase.as_str(),
+            first.batches,
+            first.samples
+        ),
+        (10, "validation", 2, 16)
+    );
+    assert_eq!((first.asked, first.size, first.seq_len), (8, 4, 64));
+    assert_eq!(
+        (first.chunks, first.ooms),
+        (4, 1),
+        "the failed chunk counts"
+    );
+    assert_eq!((first.peak_bytes, first.limit_bytes), (100 << 20, GIB));
+    assert!(
+        (first.usage - 100.0 / 1024.0).abs() < 1e-12,
+        "{}",
+        first.usage
+    );
+    // The next pass starts at the size learned (no second decision), and a smaller last
+    // batch under the ceiling runs whole.
+    s.eval_begin("validation");
+    assert_eq!(s.eval_size(8, 64), 4);
+    s.eval_chunk(4, 64, 65 << 20, GIB);
+    s.eval_chunk(4, 64, 65 << 20, GIB);
+    assert_eq!(s.eval_size(3, 64), 3);
+    s.eval_chunk(3, 64, 55 << 20, GIB);
+    let next = s.eval_end().unwrap();
+    assert_eq!(
+        (next.asked, next.size, next.chunks, next.ooms, next.samples),
+        (8, 3, 3, 0, 11)
+    );
+    // One sample that does not fit: no retry; the driver fails the evaluation.
+    s.eval_begin("test");
+    assert_eq!(s.eval_size(1, 4096), 1);
+    assert_eq!(s.eval_oom(1, 4096, "out of memory"), None);
+    assert_eq!(s.eval_end().unwrap().ooms, 1);
+    // A pass that ran no batch says nothing.
+    s.eval_begin("predict");
+    assert_eq!(s.eval_end(), None);
+    assert_eq!(
+        s.micro_batch(),
+        micro,
+        "training's micro-batch is not evaluation's"
+    );
+
+    let said = said(&rx);
+    let ooms: Vec<_> = said
+        .iter()
+        .filter_map(|m| match m {
+            Telemetry::EvalOom {
+                step,
+                phase,
+                size,
+                seq_len,
+                retry_with,
+                error,
+            } => Some((
+                *step,
+                phase.as_str(),
+                *size,
+                *seq_len,
+                *retry_with,
+                error.as_str(),
+            )),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        ooms,
+        [
+            (10, "validation", 8, 64, Some(4), "CUDA out of memory"),
+            (10, "test", 1, 4096, None, "out of memory"),
+        ]
+    );
+    let decisions: Vec<_> = said
+        .iter()
+        .filter_map(|m| match m {
+            Telemetry::Decision {
+                step,
+                decision:
+                    Decision::EvalSize {
+                        from, to, reason, ..
+                    },
+            } => Some((*step, *from, *to, *reason)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        decisions,
+        [(10, 8, 4, ResizeReason::Oom), (10, 1, 1, ResizeReason::Oom)]
+    );
+    let passes = said
+        .iter()
+        .filter(|m| matches!(m, Telemetry::EvalMemory(_)))
+        .count();
+    assert_eq!(passes, 3);
+    assert!(
+        !said.iter().any(|m| matches!(m, Telemetry::Oom { .. })),
+        "not a step's OOM"
+    );
+    assert_eq!(s.ooms(), 0, "the run's OOM count is its steps'");
+}
+
+/// Without a controller (a watch-only script): as asked, halved after an OOM, no decision.
+#[test]
+fn a_watch_only_evaluation_runs_as_asked_and_halves_after_an_oom() {
+    let (mut s, rx) = session(Driver::script(false), false);
+    assert_eq!(s.eval_size(6, 1), 6);
+    assert!(s.evaluating(), "a size asked for opens a pass");
+    assert_eq!(s.eval_oom(6, 1, "out of memory"), Some(3));
+    assert_eq!(s.eval_oom(1, 1, "out of memory"), None);
+    let pass = s.eval_end().unwrap();
+    assert_eq!((pass.phase.as_str(), pass.size, pass.ooms), ("eval", 3, 2));
+    assert!(!said(&rx)
+        .iter()
+        .any(|m| matches!(m, Telemetry::Decision { .. })));
 }

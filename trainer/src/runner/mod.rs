@@ -55,6 +55,10 @@ pub struct TrainOptions {
     /// Steps (1-based) whose first attempt raises a real out-of-memory error inside the
     /// step (`--inject-oom`, `HEADROOM_INJECT_OOM`).
     pub inject_oom: Vec<u64>,
+    /// Validation chunks (1-based, counting only chunks of more than one window, over the
+    /// whole run) whose attempt raises a real out-of-memory error after its forward
+    /// (`HEADROOM_INJECT_EVAL_OOM`).
+    pub inject_eval_oom: Vec<u64>,
     /// A step whose first attempt panics inside the step (`HEADROOM_INJECT_PANIC`): the
     /// path a bug in the trainer takes, for the tests that the screen, the exit code and
     /// the terminal survive one.
@@ -80,6 +84,7 @@ impl TrainOptions {
             checkpoint_dir,
             resume: None,
             inject_oom: Vec::new(),
+            inject_eval_oom: Vec::new(),
             inject_panic: None,
             overwrite: false,
             allow_changed_corpus: false,
@@ -247,7 +252,7 @@ pub fn spawn(
     }
 }
 
-/// How an attempt at a step or a validation pass failed.
+/// How an attempt at a step or a validation chunk failed.
 enum Failure {
     /// Out of memory: retry smaller.
     Oom(String),
@@ -322,6 +327,10 @@ struct Trainer {
     meter: PeakMeter,
     /// Steps whose first attempt is made to run out of memory; each fires once.
     inject_oom: BTreeSet<u64>,
+    /// Validation chunks (of more than one window) made to run out of memory; each once.
+    inject_eval_oom: BTreeSet<u64>,
+    /// Validation chunks of more than one window attempted so far, this process.
+    eval_chunks_tried: u64,
     inject_panic: Option<u64>,
     /// `--hard-limit` is on: allocation failures that do not say "memory" are OOMs too.
     hard_limit: bool,

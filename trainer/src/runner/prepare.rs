@@ -206,6 +206,8 @@ impl Trainer {
             session,
             meter,
             inject_oom: opts.inject_oom.iter().copied().collect(),
+            inject_eval_oom: opts.inject_eval_oom.iter().copied().collect(),
+            eval_chunks_tried: 0,
             inject_panic: opts.inject_panic,
             hard_limit: cfg.memory.hard_limit,
             startup_notices,

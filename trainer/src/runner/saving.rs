@@ -2,8 +2,9 @@
 use std::path::PathBuf;
 
 use headroom_core::Level;
+use tch::{Kind, Tensor};
 
-use super::{attempt, Failure, Trainer};
+use super::{attempt, first_line, Failure, Trainer};
 use crate::checkpoint::{self, CheckpointError, CheckpointState};
 use crate::oom;
 use crate::step;
@@ -27,35 +28,77 @@ impl Trainer {
         Ok(())
     }
 
-    /// Validation in chunks of the current micro-batch, halved after an out-of-memory error
-    /// (the result does not depend on the chunk).
+    /// Validation as the session's evaluation phase (`validation`): the windows in
+    /// batches of the training micro-batch, each batch in chunks of the size the
+    /// controller gives (core/src/policy/eval.rs), each chunk's peak measured as a step's
+    /// is. A chunk that runs out of memory is retried smaller, its own windows only, and
+    /// the smaller size is kept for the next batch and the next validation; training's
+    /// micro-batch is not touched. The pass ends with its `eval_memory` record, failed or
+    /// not. The result does not depend on the chunks ([`step::validation_sum`]).
     fn evaluate_fitting(&mut self) -> Result<f64, String> {
-        let mut chunk = self.micro_batch();
-        loop {
-            let (model, data, offsets) = (&self.model, &self.data, &self.val_offsets);
-            match attempt(self.hard_limit, || {
-                step::evaluate(model, data, offsets, chunk)
-            }) {
-                Ok(v) => return Ok(v),
-                Err(Failure::Oom(_)) if chunk > 1 => {}
-                Err(Failure::Oom(e) | Failure::Other(e)) => {
-                    return Err(format!(
-                        "validation at step {} failed: {e}",
-                        self.session.step()
-                    ));
+        self.session.eval_begin("validation");
+        let result = self.validation_pass();
+        self.session.eval_end();
+        result
+    }
+
+    fn validation_pass(&mut self) -> Result<f64, String> {
+        let step = self.session.step();
+        let failed = |e: &dyn std::fmt::Display| format!("validation at step {step} failed: {e}");
+        let offsets = self.val_offsets.clone();
+        if offsets.is_empty() {
+            return Ok(f64::NAN);
+        }
+        let seq = self.data.seq_len();
+        let asked = self.micro_batch().max(1);
+        let mut total = Tensor::f_zeros([], (Kind::Double, self.device)).map_err(|e| failed(&e))?;
+        for batch in offsets.chunks(asked) {
+            let mut size = self.session.eval_size(batch.len(), seq).max(1);
+            let mut rest = batch;
+            while !rest.is_empty() {
+                let (part, after) = rest.split_at(size.min(rest.len()));
+                let inject = part.len() > 1 && {
+                    self.eval_chunks_tried += 1;
+                    self.inject_eval_oom.remove(&self.eval_chunks_tried)
+                };
+                if let Err(e) = self.meter.reset() {
+                    self.session.notice(Level::Warn, "memory", e);
+                }
+                let (model, data, sum) = (&self.model, &self.data, &total);
+                match attempt(self.hard_limit, || {
+                    sum.f_add(&step::validation_sum(model, data, part, inject)?)
+                }) {
+                    Ok(t) => {
+                        total = t;
+                        match self.meter.peak() {
+                            Ok(peak) => {
+                                let limit = self.meter.current_limit();
+                                self.session.eval_chunk(part.len(), seq, peak, limit);
+                            }
+                            Err(e) => self.session.notice(Level::Warn, "memory", e),
+                        }
+                        rest = after;
+                    }
+                    Err(Failure::Oom(e)) => {
+                        let _ = oom::free_cached(self.device);
+                        // Said by the session: an `eval_oom` record and an `eval_size`
+                        // decision (the event log's line).
+                        match self.session.eval_oom(part.len(), seq, &e) {
+                            Some(smaller) => size = smaller,
+                            None => {
+                                return Err(failed(&format_args!(
+                                    "one validation window of {seq} tokens does not fit in \
+                                     memory ({})",
+                                    first_line(&e)
+                                )))
+                            }
+                        }
+                    }
+                    Err(Failure::Other(e)) => return Err(failed(&e)),
                 }
             }
-            let _ = oom::free_cached(self.device);
-            self.session.notice(
-                Level::Warn,
-                "memory",
-                format!(
-                    "validation ran out of memory in chunks of {chunk}; retrying in chunks of {}",
-                    chunk / 2
-                ),
-            );
-            chunk /= 2;
         }
+        step::validation_mean(&self.data, offsets.len(), &total).map_err(|e| failed(&e))
     }
 
     /// Saves the current state (once per step: a second request reports the first save).
