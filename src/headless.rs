@@ -4,7 +4,7 @@ use std::io::Write;
 use crossbeam_channel::{select, Receiver};
 use headroom_core::policy::Decision;
 use headroom_core::units::{fmt_bytes, fmt_duration, fmt_split};
-use headroom_core::{Level, Record, RunSummary, StepMetrics, Telemetry};
+use headroom_core::{EvalMemory, Level, Record, RunSummary, StepMetrics, Telemetry};
 
 /// What the run ended with, as seen from the telemetry stream.
 #[derive(Debug, Default)]
@@ -86,6 +86,25 @@ impl Progress {
                     "out of memory in step {step} at micro-batch {micro_batch} x {seq_len} tokens; giving up"
                 ),
             }),
+            Telemetry::EvalOom {
+                step,
+                phase,
+                size,
+                seq_len,
+                retry_with,
+                ..
+            } => {
+                let then = match retry_with {
+                    Some(n) => format!("retrying in chunks of {n}"),
+                    None if *size <= 1 => "one sample does not fit: the evaluation fails".into(),
+                    None => "not retried: the evaluation fails".into(),
+                };
+                Some(format!(
+                    "out of memory in {phase} {} in chunks of {size} x {seq_len} tokens; {then}",
+                    eval_when(*step)
+                ))
+            }
+            Telemetry::EvalMemory(m) => Some(eval_memory_line(m)),
             Telemetry::Decision { step, decision } => match decision {
                 Decision::Resize {
                     from,
@@ -131,6 +150,32 @@ impl Progress {
             fmt_duration(eta)
         )
     }
+}
+
+/// The training step an evaluation follows, in words (0: before the first).
+fn eval_when(step: u64) -> String {
+    match step {
+        0 => "before the first step".into(),
+        n => format!("after step {n}"),
+    }
+}
+
+/// An evaluation pass's memory, as the `eval` line says its loss.
+fn eval_memory_line(m: &EvalMemory) -> String {
+    let split = if m.size < m.asked {
+        format!("in chunks of {}", m.size)
+    } else {
+        "whole".into()
+    };
+    // A driver that measured no chunk has no peak.
+    let peak = match m.peak_bytes {
+        0 => "peak not measured".into(),
+        b => format!("peak {:.0}% ({})", m.usage * 100.0, fmt_bytes(b)),
+    };
+    format!(
+        "{} step {:>6}: {} batches of {} {split}  {peak}  ooms {}  {:.1}s",
+        m.phase, m.step, m.batches, m.asked, m.ooms, m.seconds
+    )
 }
 
 /// Prints progress until the run finishes or fails (or the trainer goes away).
@@ -223,6 +268,57 @@ mod tests {
                 decision: Decision::EmptyCache { usage: 0.99 },
             })
             .is_none());
+    }
+
+    #[test]
+    fn evaluation_gets_a_line_for_its_ooms_and_its_memory() {
+        let mut p = Progress::new(10);
+        let oom = |retry_with, size| Telemetry::EvalOom {
+            step: 40,
+            phase: "validation".into(),
+            size,
+            seq_len: 128,
+            retry_with,
+            error: "CUDA out of memory".into(),
+        };
+        assert_eq!(
+            p.line(&oom(Some(32), 64)).unwrap(),
+            "out of memory in validation after step 40 in chunks of 64 x 128 tokens; retrying in chunks of 32"
+        );
+        assert_eq!(
+            p.line(&oom(None, 1)).unwrap(),
+            "out of memory in validation after step 40 in chunks of 1 x 128 tokens; one sample does not fit: the evaluation fails"
+        );
+        let pass = EvalMemory {
+            step: 40,
+            phase: "validation".into(),
+            batches: 12,
+            samples: 760,
+            asked: 64,
+            size: 32,
+            chunks: 25,
+            seq_len: 128,
+            peak_bytes: 2_254_857_830,
+            limit_bytes: 3 << 30,
+            usage: 0.7,
+            ooms: 1,
+            seconds: 2.31,
+        };
+        assert_eq!(
+            p.line(&Telemetry::EvalMemory(pass.clone())).unwrap(),
+            "validation step     40: 12 batches of 64 in chunks of 32  peak 70% (2.10 GiB)  ooms 1  2.3s"
+        );
+        let whole = EvalMemory {
+            step: 0,
+            size: 64,
+            peak_bytes: 0,
+            ooms: 0,
+            ..pass
+        };
+        assert_eq!(
+            p.line(&Telemetry::EvalMemory(whole)).unwrap(),
+            "validation step      0: 12 batches of 64 whole  peak not measured  ooms 0  2.3s"
+        );
     }
 
     #[test]

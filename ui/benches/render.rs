@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use headroom_core::policy::{Decision, ResizeReason};
 use headroom_core::{
-    AllocatorStats, BlockRun, EvalMetrics, GpuStats, HostStats, Level, Notice, Segment, SegmentMap,
-    StepMemory, StepMetrics, SystemSample, Telemetry,
+    AllocatorStats, BlockRun, EvalMemory, EvalMetrics, GpuStats, HostStats, Level, Notice, Segment,
+    SegmentMap, StepMemory, StepMetrics, SystemSample, Telemetry,
 };
 use headroom_ui::app::App;
 use headroom_ui::view::render;
@@ -83,6 +83,34 @@ fn full_app() -> App {
             });
         }
         if n % 100 == 0 {
+            // Each validation pass with its memory, every tenth with an OOM retried:
+            // the training panel's eval line and the chart's eval marks.
+            let ooms = u64::from(n % 1000 == 0);
+            if ooms > 0 {
+                app.apply(&Telemetry::EvalOom {
+                    step: n,
+                    phase: "validation".into(),
+                    size: 64,
+                    seq_len: 1024,
+                    retry_with: Some(32),
+                    error: "CUDA out of memory".into(),
+                });
+            }
+            app.apply(&Telemetry::EvalMemory(EvalMemory {
+                step: n,
+                phase: "validation".into(),
+                batches: 16,
+                samples: 1024,
+                asked: 64,
+                size: 32,
+                chunks: 32 + ooms,
+                seq_len: 1024,
+                peak_bytes: 50 << 30,
+                limit_bytes: 80 << 30,
+                usage: 0.625,
+                ooms,
+                seconds: 4.2,
+            }));
             app.apply(&Telemetry::Eval(EvalMetrics {
                 step: n,
                 val_loss: 2.1,

@@ -13,6 +13,7 @@ use headroom_core::{
 };
 
 use crate::editor::ThresholdEditor;
+use crate::eval::EvalState;
 use crate::heap::HeapState;
 use crate::history::{History, Merge};
 use crate::job::{rank_of_name, JobView};
@@ -117,6 +118,8 @@ pub struct App {
     pub stop_requested: bool,
     pub last_step: Option<StepMetrics>,
     pub last_eval: Option<EvalMetrics>,
+    /// Evaluation as its own phase: the last pass's memory, a failed evaluation.
+    pub eval: EvalState,
     pub sample: Option<SystemSample>,
     /// The allocator's latest segment map (CUDA runs).
     pub segments: Option<SegmentMap>,
@@ -175,6 +178,7 @@ impl App {
             stop_requested: false,
             last_step: None,
             last_eval: None,
+            eval: EvalState::default(),
             sample: None,
             segments: None,
             heap: HeapState::default(),

@@ -2,8 +2,8 @@
 //! panel's "last decision" lines. Every sentence carries the numbers that caused it, so
 //! the log alone explains a run.
 use headroom_core::policy::{Decision, LeverPeak, Profile, ResizeReason, Thresholds};
-use headroom_core::units::fmt_bytes;
-use headroom_core::Level;
+use headroom_core::units::{fmt_bytes, fmt_duration};
+use headroom_core::{EvalMemory, Level};
 
 /// A fraction as a whole percentage: `0.412` → `41%`.
 pub fn pct(x: f64) -> String {
@@ -57,6 +57,14 @@ pub fn decision_level(d: &Decision) -> Level {
             ResizeReason::Grow | ResizeReason::Pinned => Level::Info,
         },
         Decision::EmptyCache { .. } | Decision::Warning { .. } => Level::Warn,
+        // Evaluation's chunks shrinking after an OOM cost a retry, not the run; a sample
+        // that does not fit on its own fails the evaluation.
+        Decision::EvalSize {
+            reason: ResizeReason::Oom,
+            from,
+            to,
+            ..
+        } if from == to => Level::Error,
         Decision::EvalSize {
             reason: ResizeReason::Oom,
             ..
@@ -191,18 +199,32 @@ fn decision_text(step: u64, d: &Decision) -> String {
             to,
             reason: ResizeReason::Oom,
             ..
-        } if from == to => format!("evaluation ran out of memory in chunks of {from}"),
+        } if from == to => {
+            format!("evaluation out of memory in chunks of {from}: no smaller chunk")
+        }
         Decision::EvalSize {
-            from, to, reason, ..
-        } => format!(
-            "evaluation chunks {from} → {to}{}",
-            match reason {
+            from,
+            to,
+            reason,
+            usage,
+        } => {
+            let why = match reason {
                 ResizeReason::Oom => " after out of memory",
                 ResizeReason::Grow => ", room to grow",
-                _ => ", predicted over target",
-            }
-        ),
+                _ => ", forecast over target",
+            };
+            format!(
+                "evaluation chunks {from} → {to}{why}{}",
+                predicted_suffix(eval_predicted(*reason, *usage))
+            )
+        }
     }
+}
+
+/// What evaluation's own memory model predicts at a new chunk size; none after an OOM
+/// (its usage is 1.0, the failure) or before the model has a chunk (sent as 0).
+fn eval_predicted(reason: ResizeReason, usage: f64) -> Option<f64> {
+    (reason != ResizeReason::Oom && usage > 0.0).then_some(usage)
 }
 
 /// The event-log entry for an out-of-memory error in step `step`: an error whether or not
@@ -223,6 +245,127 @@ pub fn oom_event(
             "step {step}: out of memory at micro-batch {micro_batch} × {seq_len} tokens, {then}"
         ),
     )
+}
+
+/// When an evaluation ran, by the training step it follows (0: before the first).
+fn eval_when(step: u64) -> String {
+    match step {
+        0 => "before the first step".into(),
+        n => format!("at step {n}"),
+    }
+}
+
+/// The event-log entry for an out-of-memory error in an evaluation chunk: a warning while
+/// its samples are retried in smaller chunks (training's micro-batch is not touched), an
+/// error when not even one sample fits and the evaluation fails.
+pub fn eval_oom_event(
+    step: u64,
+    phase: &str,
+    size: usize,
+    retry_with: Option<usize>,
+) -> (Level, String) {
+    let when = eval_when(step);
+    match retry_with {
+        Some(n) => (
+            Level::Warn,
+            format!("{phase} ran out of memory in chunks of {size} {when}; retrying in chunks of {n}"),
+        ),
+        None if size <= 1 => (
+            Level::Error,
+            format!("{phase} ran out of memory {when}; one sample does not fit: the evaluation fails"),
+        ),
+        None => (
+            Level::Error,
+            format!("{phase} ran out of memory in chunks of {size} {when}; not retried: the evaluation fails"),
+        ),
+    }
+}
+
+/// `1 OOM`, `3 OOMs`.
+fn ooms(n: u64) -> String {
+    match n {
+        1 => "1 OOM".into(),
+        n => format!("{n} OOMs"),
+    }
+}
+
+/// An evaluation pass's duration: tenths under a minute (passes are often seconds long).
+fn eval_seconds(s: f64) -> String {
+    if s < 59.95 {
+        format!("{s:.1} s")
+    } else {
+        fmt_duration(s)
+    }
+}
+
+/// How the pass's batches ran: split into chunks, or whole.
+fn eval_split(m: &EvalMemory) -> Option<String> {
+    if m.size < m.asked {
+        Some(format!("in chunks of {}", m.size))
+    } else if m.chunks > m.batches {
+        Some(format!("in {} chunks", m.chunks))
+    } else {
+        None
+    }
+}
+
+/// An evaluation pass's memory in words, longest first (the training panel shows the
+/// first that fits; the event log the first): `validation at step 40: 12 batches of 64
+/// in chunks of 32 · peak 71% (2.10 GiB) · 1 OOM · 2.3 s`.
+pub fn eval_pass(m: &EvalMemory) -> Vec<String> {
+    let head = format!("{} {}", m.phase, eval_when(m.step));
+    let short_head = match m.step {
+        0 => m.phase.clone(),
+        n => format!("{} @ {n}", m.phase),
+    };
+    let split = eval_split(m);
+    let batches = format!(
+        "{} batch{} of {}{}",
+        m.batches,
+        if m.batches == 1 { "" } else { "es" },
+        m.asked,
+        split.as_ref().map_or(", whole".into(), |s| format!(" {s}"))
+    );
+    let shape = match &split {
+        Some(s) => format!("{} {s}", m.asked),
+        None => format!("{} whole", m.asked),
+    };
+    let chunk = format!("chunks of {}", m.size);
+    // A driver that measured no chunk has no peak to show.
+    let measured = m.peak_bytes > 0;
+    let peak = measured.then(|| format!("peak {}", pct(m.usage)));
+    let peak_bytes =
+        measured.then(|| format!("peak {} ({})", pct(m.usage), fmt_bytes(m.peak_bytes)));
+    let bare = measured.then(|| pct(m.usage));
+    let oom = (m.ooms > 0).then(|| ooms(m.ooms));
+    let time = Some(eval_seconds(m.seconds));
+    let join = |first: String, rest: &[&Option<String>]| {
+        std::iter::once(first)
+            .chain(rest.iter().filter_map(|p| (*p).clone()))
+            .collect::<Vec<_>>()
+            .join(" · ")
+    };
+    vec![
+        join(format!("{head}: {batches}"), &[&peak_bytes, &oom, &time]),
+        join(format!("{head}: {batches}"), &[&peak, &oom]),
+        join(format!("{head}: {shape}"), &[&peak, &oom]),
+        join(format!("{short_head}: {shape}"), &[&peak, &oom]),
+        join(format!("{short_head}: {shape}"), &[&bare, &oom]),
+        join(format!("{short_head}: {chunk}"), &[&bare, &oom]),
+        join(format!("eval {chunk}"), &[&bare, &oom]),
+    ]
+}
+
+/// An evaluation that failed because one sample did not fit, longest first.
+pub fn eval_failure(step: u64, phase: &str) -> Vec<String> {
+    vec![
+        format!(
+            "{phase} {}: one sample ran out of memory; the evaluation failed",
+            eval_when(step)
+        ),
+        format!("{phase} failed: one sample does not fit"),
+        format!("{phase}: one sample too big"),
+    ]
 }
 
 /// How an effective batch is split into micro-batches, every candidate true: the last
@@ -278,7 +421,15 @@ pub fn decision_headline(step: u64, d: &Decision) -> String {
         Decision::Warning { forecast: true, .. } => "forecast warning".into(),
         Decision::Warning { .. } => "warning".into(),
         Decision::Lever { change, .. } => change.clone(),
-        Decision::EvalSize { from, to, .. } => format!("eval chunks {from} → {to}"),
+        Decision::EvalSize {
+            from,
+            to,
+            reason: ResizeReason::Oom,
+            ..
+        } if from == to => "eval: one sample does not fit".into(),
+        Decision::EvalSize {
+            from, to, reason, ..
+        } => format!("eval chunks {from} → {to} ({})", reason_name(*reason)),
     };
     format!("step {step}: {what}")
 }
@@ -342,12 +493,20 @@ pub fn decision_reason(step: u64, d: &Decision, t: Option<&Thresholds>) -> Strin
         ),
         Decision::EvalSize {
             reason: ResizeReason::Oom,
+            from,
+            to,
+            ..
+        } if from == to => "one evaluation sample ran out of memory: the evaluation fails".into(),
+        Decision::EvalSize {
+            reason: ResizeReason::Oom,
             ..
         } => "an evaluation chunk ran out of memory; training's micro-batch is unchanged".into(),
-        Decision::EvalSize { usage, .. } => format!(
-            "evaluation's own peaks: predicted {} at the new size; training's micro-batch is unchanged",
-            pct(*usage)
-        ),
+        Decision::EvalSize { reason, usage, .. } => {
+            let predicted = eval_predicted(*reason, *usage)
+                .map(|p| format!("predicted {} at the new size", pct(p)))
+                .unwrap_or_else(|| "no prediction yet".into());
+            format!("evaluation's own peaks: {predicted}; training's micro-batch is unchanged")
+        }
     }
 }
 
@@ -540,6 +699,126 @@ mod tests {
             decision_reason(9, &Decision::EmptyCache { usage: 0.98 }, Some(&t)),
             "98% ≥ emergency 97%"
         );
+    }
+
+    fn eval_size(from: usize, to: usize, reason: ResizeReason, usage: f64) -> Decision {
+        Decision::EvalSize {
+            from,
+            to,
+            reason,
+            usage,
+        }
+    }
+
+    /// Evaluation's chunk sizes are evaluation's: an OOM retried smaller is a warning,
+    /// one sample that does not fit an error, a planned change routine.
+    #[test]
+    fn eval_size_entries_name_evaluation_and_its_prediction() {
+        let oom = eval_size(64, 32, ResizeReason::Oom, 1.0);
+        assert_eq!(
+            decision_event(40, &oom),
+            (
+                Level::Warn,
+                "step 40: evaluation chunks 64 → 32 after out of memory".into()
+            )
+        );
+        assert_eq!(
+            decision_headline(40, &oom),
+            "step 40: eval chunks 64 → 32 (oom)"
+        );
+        let one = eval_size(1, 1, ResizeReason::Oom, 1.0);
+        assert_eq!(decision_level(&one), Level::Error);
+        assert_eq!(
+            decision_headline(40, &one),
+            "step 40: eval: one sample does not fit"
+        );
+        assert_eq!(
+            decision_event(40, &eval_size(64, 40, ResizeReason::Forecast, 0.85)).1,
+            "step 40: evaluation chunks 64 → 40, forecast over target (predicted 85%)"
+        );
+        // Sent as 0 before evaluation's model has a chunk: no prediction, not "0%".
+        let grow = eval_size(32, 64, ResizeReason::Grow, 0.0);
+        assert_eq!(
+            decision_event(40, &grow),
+            (
+                Level::Info,
+                "step 40: evaluation chunks 32 → 64, room to grow".into()
+            )
+        );
+        assert_eq!(
+            decision_reason(40, &grow, None),
+            "evaluation's own peaks: no prediction yet; training's micro-batch is unchanged"
+        );
+    }
+
+    #[test]
+    fn eval_oom_entries_say_what_is_retried_or_that_the_evaluation_fails() {
+        assert_eq!(
+            eval_oom_event(40, "validation", 64, Some(32)),
+            (
+                Level::Warn,
+                "validation ran out of memory in chunks of 64 at step 40; retrying in chunks of 32"
+                    .into()
+            )
+        );
+        assert_eq!(
+            eval_oom_event(0, "predict", 1, None),
+            (
+                Level::Error,
+                "predict ran out of memory before the first step; one sample does not fit: the \
+                 evaluation fails"
+                    .into()
+            )
+        );
+        assert_eq!(eval_oom_event(7, "test", 8, None).0, Level::Error);
+    }
+
+    fn pass() -> EvalMemory {
+        EvalMemory {
+            step: 40,
+            phase: "validation".into(),
+            batches: 12,
+            samples: 768,
+            asked: 64,
+            size: 32,
+            chunks: 25,
+            seq_len: 128,
+            peak_bytes: 2 << 30,
+            limit_bytes: 3 << 30,
+            usage: 0.667,
+            ooms: 1,
+            seconds: 2.31,
+        }
+    }
+
+    #[test]
+    fn an_eval_pass_is_said_longest_first_and_every_wording_is_true() {
+        let lines = eval_pass(&pass());
+        assert_eq!(
+            lines[0],
+            "validation at step 40: 12 batches of 64 in chunks of 32 · peak 67% (2.00 GiB) · 1 \
+             OOM · 2.3 s"
+        );
+        assert_eq!(lines.last().unwrap(), "eval chunks of 32 · 67% · 1 OOM");
+        for pair in lines.windows(2) {
+            assert!(pair[0].len() >= pair[1].len(), "{pair:?}");
+        }
+        // Never split, nothing measured, before the first step, a long pass.
+        let whole = EvalMemory {
+            step: 0,
+            batches: 1,
+            size: 64,
+            chunks: 1,
+            peak_bytes: 0,
+            ooms: 0,
+            seconds: 75.0,
+            ..pass()
+        };
+        assert_eq!(
+            eval_pass(&whole)[0],
+            "validation before the first step: 1 batch of 64, whole · 1m15s"
+        );
+        assert_eq!(eval_pass(&whole)[4], "validation: 64 whole");
     }
 
     #[test]

@@ -1,13 +1,15 @@
 //! The memory controller as the dashboard knows it, folded from telemetry: thresholds in
-//! force, per-step peaks against the limit, the controller's decisions, OOMs, the pinned
-//! micro-batch. Only what the trainer reported: a key press changes nothing here until
-//! the trainer confirms it.
+//! force, per-step peaks against the limit, the controller's decisions, OOMs (training's
+//! and evaluation's, marked apart), the pinned micro-batch. Only what the trainer
+//! reported: a key press changes nothing here until the trainer confirms it.
 use std::collections::VecDeque;
 
 use headroom_core::policy::{Decision, Profile, ResizeReason, Thresholds};
 use headroom_core::{Command, Level, StepMemory, Telemetry};
 
-use crate::describe::{decision_event, decision_level, oom_event, pct, thresholds_event};
+use crate::describe::{
+    decision_event, decision_level, eval_oom_event, oom_event, pct, thresholds_event,
+};
 use crate::history::{History, Merge};
 
 /// Chart marks kept; older ones fall off the whole-run view first.
@@ -17,6 +19,8 @@ pub const MARKS_KEPT: usize = 256;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MarkKind {
     Oom,
+    /// An evaluation chunk ran out of memory: retried smaller, training untouched.
+    EvalOom,
     Grew,
     Shrank,
     CacheFreed,
@@ -28,6 +32,8 @@ impl MarkKind {
     pub fn glyph(self) -> char {
         match self {
             MarkKind::Oom => '!',
+            // Capital: the gauge's `e` is the emergency threshold.
+            MarkKind::EvalOom => 'E',
             MarkKind::Grew => '↑',
             MarkKind::Shrank => '↓',
             MarkKind::CacheFreed => 'c',
@@ -38,7 +44,8 @@ impl MarkKind {
     /// When two marks share a column, the one that matters more is drawn.
     pub fn rank(self) -> u8 {
         match self {
-            MarkKind::Oom => 4,
+            MarkKind::Oom => 5,
+            MarkKind::EvalOom => 4,
             MarkKind::Shrank => 3,
             MarkKind::Grew => 2,
             MarkKind::ThresholdsChanged => 1,
@@ -83,10 +90,13 @@ pub struct PolicyState {
     /// What the model predicted for the same steps, where it could.
     pub predicted_usage: History,
     pub marks: VecDeque<Mark>,
-    /// The latest decision and the step it concerns.
+    /// The latest decision about training and the step it concerns.
     pub last_decision: Option<(u64, Decision)>,
     pub outlook: Option<Outlook>,
     pub ooms: u64,
+    /// The last evaluation OOM's (step, size, retry): the decision that follows it says the
+    /// same again and is not logged twice.
+    eval_oom: Option<(u64, usize, Option<usize>)>,
     /// Micro-batch × sequence length at or above which the controller will not go.
     pub ceiling_tokens: Option<u64>,
     pub pinned: bool,
@@ -112,6 +122,7 @@ impl PolicyState {
             last_decision: None,
             outlook: None,
             ooms: 0,
+            eval_oom: None,
             ceiling_tokens: None,
             pinned: false,
             batch_sizes: History::new(history_points, Merge::Min),
@@ -133,7 +144,7 @@ impl PolicyState {
             }
             Telemetry::Decision { step, decision } => {
                 self.decision(t, *step, decision);
-                Some(decision_event(*step, decision))
+                (!self.repeats_eval_oom(*step, decision)).then(|| decision_event(*step, decision))
             }
             Telemetry::Oom {
                 step,
@@ -150,6 +161,20 @@ impl PolicyState {
                 }
                 let (level, text) = oom_event(*step, *micro_batch, *seq_len, *retry_with);
                 self.mark(t, MarkKind::Oom, level);
+                Some((level, text))
+            }
+            // Not counted with training's OOMs and no unpin: evaluation runs in chunks of
+            // its own, and training's micro-batch is not touched.
+            Telemetry::EvalOom {
+                step,
+                phase,
+                size,
+                retry_with,
+                ..
+            } => {
+                self.eval_oom = Some((*step, *size, *retry_with));
+                let (level, text) = eval_oom_event(*step, phase, *size, *retry_with);
+                self.mark(t, MarkKind::EvalOom, level);
                 Some((level, text))
             }
             Telemetry::ThresholdsChanged {
@@ -243,9 +268,30 @@ impl PolicyState {
                     predicted: None,
                 });
             }
-            Decision::Warning { .. } | Decision::Lever { .. } | Decision::EvalSize { .. } => {}
+            // Evaluation's chunk size is shown with its pass (`eval`); as the last decision
+            // it would hide training's, which is what the next step runs at.
+            Decision::EvalSize { .. } => return,
+            Decision::Warning { .. } | Decision::Lever { .. } => {}
         }
         self.last_decision = Some((step, d.clone()));
+    }
+
+    /// Whether `d` is the chunk size an evaluation OOM just announced (the session sends
+    /// the `eval_oom` record, then this decision): its entry would repeat the OOM's.
+    fn repeats_eval_oom(&mut self, step: u64, d: &Decision) -> bool {
+        let Decision::EvalSize {
+            from,
+            to,
+            reason: ResizeReason::Oom,
+            ..
+        } = d
+        else {
+            return false;
+        };
+        match self.eval_oom.take() {
+            Some((s, size, retry)) => s == step && size == *from && retry.unwrap_or(size) == *to,
+            None => false,
+        }
     }
 
     fn note_micro_batch(&mut self, for_step: u64, size: usize) {

@@ -2,7 +2,7 @@
 //! order. (Key handling and paging are unit-tested in app.rs.)
 use headroom_core::policy::{Decision, Profile, ResizeReason, Thresholds};
 use headroom_core::{
-    Command, EvalMetrics, Level, RunConfig, RunInfo, RunStatus, RunSummary, StepMemory,
+    Command, EvalMemory, EvalMetrics, Level, RunConfig, RunInfo, RunStatus, RunSummary, StepMemory,
     StepMetrics, Telemetry,
 };
 use headroom_ui::app::{App, Reaction};
@@ -235,6 +235,120 @@ fn an_oom_is_logged_counted_marked_and_explained() {
         app.apply(&msg);
     }
     assert_eq!(app.policy.ooms, 2);
+}
+
+/// What the session sends around an evaluation chunk that ran out of memory, in its
+/// order: the error, the controller's new chunk size (numbered with the training step the
+/// evaluation follows).
+fn eval_oom_sequence(step: u64, size: usize, retry_with: Option<usize>) -> Vec<Telemetry> {
+    vec![
+        Telemetry::EvalOom {
+            step,
+            phase: "validation".into(),
+            size,
+            seq_len: 128,
+            retry_with,
+            error: "CUDA out of memory. Tried to allocate 1.00 GiB".into(),
+        },
+        Telemetry::Decision {
+            step,
+            decision: Decision::EvalSize {
+                from: size,
+                to: retry_with.unwrap_or(size),
+                reason: ResizeReason::Oom,
+                usage: 1.0,
+            },
+        },
+    ]
+}
+
+fn eval_pass(step: u64, ooms: u64) -> EvalMemory {
+    let limit = 3u64 << 30;
+    EvalMemory {
+        step,
+        phase: "validation".into(),
+        batches: 12,
+        samples: 768,
+        asked: 64,
+        size: 32,
+        chunks: 24 + ooms,
+        seq_len: 128,
+        peak_bytes: (0.71 * limit as f64) as u64,
+        limit_bytes: limit,
+        usage: 0.71,
+        ooms,
+        seconds: 2.31,
+    }
+}
+
+/// Evaluation is its own phase: its OOM is a warning of its own (training's count, micro-
+/// batch and pin untouched), marked apart on the chart and said once; the pass's end
+/// says what it ran at and stays on the panel; one sample that does not fit is an error.
+#[test]
+fn an_eval_oom_is_its_own_phase_logged_once_and_marked_apart() {
+    let mut app = App::new("t", false);
+    app.apply(&step(40, 32, 1));
+    app.set_elapsed(12.0);
+    for msg in eval_oom_sequence(40, 64, Some(32)) {
+        app.apply(&msg);
+    }
+    app.set_elapsed(14.5);
+    app.apply(&Telemetry::EvalMemory(eval_pass(40, 1)));
+    let log: Vec<(Level, &str)> = app
+        .events
+        .iter()
+        .rev()
+        .map(|e| (e.level, e.text.as_str()))
+        .collect();
+    assert_eq!(
+        log,
+        vec![
+            (
+                Level::Warn,
+                "validation ran out of memory in chunks of 64 at step 40; retrying in chunks of 32"
+            ),
+            (
+                Level::Info,
+                "validation at step 40: 12 batches of 64 in chunks of 32 · peak 71% (2.13 GiB) · 1 OOM · 2.3 s"
+            ),
+        ]
+    );
+    let p = &app.policy;
+    assert_eq!(p.ooms, 0, "training's OOMs only");
+    assert_eq!(
+        p.micro_batch(),
+        Some(32),
+        "training's micro-batch untouched"
+    );
+    let marks: Vec<(f64, MarkKind, Level)> =
+        p.marks.iter().map(|m| (m.t, m.kind, m.level)).collect();
+    assert_eq!(marks, vec![(12.0, MarkKind::EvalOom, Level::Warn)]);
+    assert_eq!(
+        p.last_decision, None,
+        "training's last decision stays training's"
+    );
+    assert_eq!(app.eval.last, Some(eval_pass(40, 1)));
+    assert_eq!(app.eval.failed, None);
+
+    // Not even one sample fits: the evaluation fails, and the panel says so.
+    app.set_elapsed(20.0);
+    for msg in eval_oom_sequence(50, 1, None) {
+        app.apply(&msg);
+    }
+    assert_eq!(
+        app.events.len(),
+        3,
+        "the decision repeats the OOM: one entry"
+    );
+    assert_eq!(
+        (app.events[0].level, app.events[0].text.as_str()),
+        (
+            Level::Error,
+            "validation ran out of memory at step 50; one sample does not fit: the evaluation fails"
+        )
+    );
+    assert_eq!(app.policy.marks.back().map(|m| m.level), Some(Level::Error));
+    assert_eq!(app.eval.failed.as_ref().map(|f| f.step), Some(50));
 }
 
 #[test]

@@ -3,9 +3,9 @@
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 use headroom_core::policy::{Decision, Profile, ResizeReason, Thresholds};
 use headroom_core::{
-    AllocatorStats, BlockRun, Command, EvalMetrics, GpuStats, HeapStats, HostStats, Level, Notice,
-    RunInfo, RunStatus, RunSummary, Segment, SegmentMap, StepMemory, StepMetrics, SystemSample,
-    Telemetry,
+    AllocatorStats, BlockRun, Command, EvalMemory, EvalMetrics, GpuStats, HeapStats, HostStats,
+    Level, Notice, RunInfo, RunStatus, RunSummary, Segment, SegmentMap, StepMemory, StepMetrics,
+    SystemSample, Telemetry,
 };
 use headroom_ui::app::App;
 use headroom_ui::keys::{action_for, Action};
@@ -396,6 +396,78 @@ fn cuda_tall_screen_with_segment_map() {
     let mut app = cuda_forecast_run();
     app.apply(&segment_map());
     insta::assert_snapshot!(draw(&app, 140, 44).backend());
+}
+
+/// The CUDA run, then a validation pass after step 45 whose chunks of 64 ran out of
+/// memory once and went on in chunks of 32, in the session's order.
+fn cuda_run_with_an_eval_oom() -> App {
+    let mut app = cuda_forecast_run();
+    let limit: u64 = 80 << 30;
+    app.set_elapsed(4.6);
+    app.apply(&Telemetry::EvalOom {
+        step: 45,
+        phase: "validation".into(),
+        size: 64,
+        seq_len: 64,
+        retry_with: Some(32),
+        error: "CUDA out of memory. Tried to allocate 12.00 GiB".into(),
+    });
+    app.apply(&decision(
+        45,
+        Decision::EvalSize {
+            from: 64,
+            to: 32,
+            reason: ResizeReason::Oom,
+            usage: 1.0,
+        },
+    ));
+    app.set_elapsed(4.8);
+    app.apply(&Telemetry::EvalMemory(EvalMemory {
+        step: 45,
+        phase: "validation".into(),
+        batches: 12,
+        samples: 768,
+        asked: 64,
+        size: 32,
+        chunks: 25,
+        seq_len: 64,
+        peak_bytes: (0.71 * limit as f64) as u64,
+        limit_bytes: limit,
+        usage: 0.71,
+        ooms: 1,
+        seconds: 2.31,
+    }));
+    app.apply(&Telemetry::Eval(EvalMetrics {
+        step: 45,
+        val_loss: 2.45,
+        train_loss: 2.4,
+        tokens: 16_384,
+    }));
+    app
+}
+
+#[test]
+fn evaluation_is_its_own_phase() {
+    let app = cuda_run_with_an_eval_oom();
+    let text = format!("{}", draw(&app, 120, 40).backend());
+    for needed in [
+        // The pass on the training panel, under the validation loss it scored.
+        "validation @ 45: 64 in chunks of 32 · 71% · 1 OOM",
+        // Its OOM in the log, said once, and the pass's end in full.
+        "validation ran out of memory in chunks of 64 at step 45; retrying in chunks of 32",
+        "validation at step 45: 12 batches of 64 in chunks of 32 · peak 71% (56.8 GiB) · 1 OOM · 2.3 s",
+        // Marked apart from training's OOMs, and named while in view.
+        "E eval OOM",
+    ] {
+        assert!(text.contains(needed), "{needed:?} missing:\n{text}");
+    }
+    assert!(!text.contains("evaluation chunks 64 → 32"), "{text}");
+    // Training's last decision is not hidden by evaluation's.
+    assert!(text.contains("step 46: 16 → 12 (forecast)"), "{text}");
+    // At the smallest size the pass's line is the shortest of its wordings.
+    let small = format!("{}", draw(&app, 80, 24).backend());
+    assert!(small.contains("eval chunks of 32 · 71% · 1 OOM"), "{small}");
+    insta::assert_snapshot!(text);
 }
 
 #[test]

@@ -5,6 +5,7 @@ use headroom_core::{Command, Level, Record, RunStatus, Telemetry};
 
 use super::echo::echo_of;
 use super::App;
+use crate::describe::eval_pass;
 use crate::editor::EditStatus;
 use crate::feed::Link;
 use crate::job::JobView;
@@ -87,6 +88,7 @@ impl App {
 
     fn apply_at(&mut self, t: f64, msg: &Telemetry) {
         self.breakdown.observe(msg);
+        self.eval.observe(msg);
         if let Some((level, text)) = self.policy.apply(t, msg) {
             self.log_at(t, level, text, echo_of(msg));
         }
@@ -129,6 +131,14 @@ impl App {
                     ),
                 );
                 self.last_eval = Some(e.clone());
+            }
+            // The pass's OOMs were logged as they came (`policy`); its end says what it
+            // ran at, and for a pass with no loss to report (prediction, a script's own
+            // evaluation) it is the only entry the pass gets.
+            Telemetry::EvalMemory(m) => {
+                if let Some(text) = eval_pass(m).into_iter().next() {
+                    self.log_t(t, Level::Info, text);
+                }
             }
             Telemetry::Sample(s) => {
                 self.heap.observe(s.heap.as_ref(), self.step());

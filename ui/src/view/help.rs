@@ -39,7 +39,7 @@ pub(super) fn render(frame: &mut Frame, app: &App, area: Rect) {
         _ => "commands apply between steps; shown once the trainer confirms them",
     };
     for text in [
-        "chart marks: ! OOM  ↑↓ batch resized  c cache freed  T thresholds set",
+        "chart marks: ! OOM  E eval OOM  ↑↓ batch  c cache freed  T thresholds",
         "gauge marks: t target  w warning  c critical  e emergency",
         last,
     ] {

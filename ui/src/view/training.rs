@@ -1,5 +1,6 @@
 //! The training panel: how the batch is split, the micro-batch's size over time, the
-//! controller's last decision, loss and pace.
+//! controller's last decision, loss and pace, and the last evaluation pass's memory (its
+//! own phase, beside the validation loss).
 use headroom_core::units::fmt_count;
 use ratatui::layout::Rect;
 use ratatui::style::{Color, Modifier, Style};
@@ -11,7 +12,9 @@ use super::events::level_style;
 use super::fg;
 use super::text::{ellipsize, first_fitting, keep_most_important, width};
 use crate::app::App;
-use crate::describe::{batch_split, decision_headline, decision_level, decision_reason};
+use crate::describe::{
+    batch_split, decision_headline, decision_level, decision_reason, eval_failure, eval_pass,
+};
 
 const LEVELS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
 
@@ -85,6 +88,25 @@ fn size_line(app: &App, cols: usize) -> Option<Line<'static>> {
     ]))
 }
 
+/// The last evaluation pass: what it ran at and peaked at, or that it failed. A pass that
+/// ran out of memory outranks the pace line below it; a routine one does not.
+fn eval_line(app: &App, cols: usize) -> Option<(u8, Line<'static>)> {
+    if let Some(f) = &app.eval.failed {
+        let text = first_fitting(&eval_failure(f.step, &f.phase), cols);
+        let style = level_style(app, headroom_core::Level::Error).add_modifier(Modifier::BOLD);
+        return Some((2, Line::styled(text, style)));
+    }
+    let m = app.eval.last.as_ref()?;
+    let text = first_fitting(&eval_pass(m), cols);
+    Some(match m.ooms {
+        0 => (3, Line::from(text)),
+        _ => (
+            2,
+            Line::styled(text, level_style(app, headroom_core::Level::Warn)),
+        ),
+    })
+}
+
 pub(super) fn render(frame: &mut Frame, app: &App, area: Rect) {
     let block = Block::bordered().title(" training ");
     let inner = block.inner(area);
@@ -155,6 +177,9 @@ pub(super) fn render(frame: &mut Frame, app: &App, area: Rect) {
             None => vec![format!("loss {:.4} · val {val}", s.loss)],
         };
         lines.push((2, Line::from(first_fitting(&loss, cols))));
+    }
+    lines.extend(eval_line(app, cols));
+    if let Some(s) = &app.last_step {
         // Data without tokens (seq_len 1) has no sequence length to show.
         let seq = (s.seq_len > 1).then(|| format!("seq {}", s.seq_len));
         let lr = s.lr.map(|lr| format!("lr {lr:.2e}"));

@@ -350,6 +350,28 @@ fn name_rules_above(buf: &mut Buffer, app: &App, scale: &Scale, rules: &[(&str, 
     }
 }
 
+/// The legend's candidates, longest first. Evaluation's OOMs are named only while one is
+/// in view: most runs never have one, and their legend keeps its room.
+fn legend(marks: &[Mark]) -> Vec<String> {
+    if marks.iter().any(|m| m.kind == MarkKind::EvalOom) {
+        return vec![
+            "⣀ peak • predicted ! OOM E eval OOM ↑↓ batch c cache T thresholds".into(),
+            "⣀ peak • predicted ! OOM E eval OOM ↑↓ batch".into(),
+            "⣀ peak • predicted ! OOM E eval OOM".into(),
+            "⣀ peak • predicted E eval OOM".into(),
+            "⣀ peak E eval OOM".into(),
+            String::new(),
+        ];
+    }
+    vec![
+        "⣀ peak • predicted ! OOM ↑↓ batch c cache T thresholds".into(),
+        "⣀ peak • predicted ! OOM ↑↓ batch".into(),
+        "⣀ peak • predicted".into(),
+        "⣀ peak •pred".into(),
+        String::new(),
+    ]
+}
+
 /// The axis line with the event marks on it, then the time labels and a legend.
 fn draw_time_axis(buf: &mut Buffer, app: &App, scale: &Scale, marks: &[Mark], inner: Rect) {
     let plot = scale.plot;
@@ -374,22 +396,14 @@ fn draw_time_axis(buf: &mut Buffer, app: &App, scale: &Scale, marks: &[Mark], in
     put(buf, right_x, label_y, &right, Style::default());
     // Between the two labels, a space on each side.
     let room = (right_x as usize).saturating_sub(plot.x as usize - 1 + width(&left) + 2);
-    let legend = first_fitting(
-        &[
-            "⣀ peak • predicted ! OOM ↑↓ batch c cache T thresholds".into(),
-            "⣀ peak • predicted ! OOM ↑↓ batch".into(),
-            "⣀ peak • predicted".into(),
-            "⣀ peak •pred".into(),
-            String::new(),
-        ],
-        room,
-    );
+    let legend = first_fitting(&legend(marks), room);
     let mut at = plot.x - 1 + width(&left) as u16 + 1 + (room - width(&legend)) as u16 / 2;
     for word in legend.split(' ') {
         let style = match word {
             "⣀" | "peak" => fg(app, PEAK_COLOR),
             "•" | "predicted" | "•pred" => fg(app, PREDICTED_COLOR),
             "!" => fg(app, Color::Red),
+            "E" => fg(app, Color::Yellow),
             "↑↓" => fg(app, Color::Green),
             "c" => fg(app, Color::Yellow),
             "T" => fg(app, Color::Blue),
@@ -504,6 +518,20 @@ mod tests {
             got,
             vec![(s.col(5.0), MarkKind::Oom), (s.col(9.9), MarkKind::Grew)]
         );
+    }
+
+    #[test]
+    fn the_legend_names_evaluations_ooms_only_while_one_is_shown() {
+        let mark = |kind| Mark {
+            t: 1.0,
+            kind,
+            level: Level::Warn,
+        };
+        assert!(!legend(&[mark(MarkKind::Oom)])[0].contains("eval"));
+        let with_eval = legend(&[mark(MarkKind::Oom), mark(MarkKind::EvalOom)]);
+        assert!(with_eval
+            .iter()
+            .all(|l| l.is_empty() || l.contains("E eval OOM")));
     }
 
     #[test]
