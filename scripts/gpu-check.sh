@@ -23,7 +23,7 @@
 #       # for overhead and telemetry, which `all` leaves out. Without the wheels, hf and
 #       # lightning are SKIP lines unless the device's Python has the frameworks itself.
 #   (on the GPU machine)  OUT=$OUT bash scripts/gpu-check.sh all
-#                         OUT=$OUT bash scripts/gpu-check.sh info|run|oom|ramp|dash|fidelity|overhead|telemetry|nvml|py-oom|py-dash|levers|plan|keys|oom-snapshot|py-levers|py-alloc|py-snapshot|hints|hf|lightning|ddp-nccl|hardcap ...
+#                         OUT=$OUT bash scripts/gpu-check.sh info|run|oom|ramp|dash|fidelity|overhead|telemetry|nvml|py-oom|py-dash|levers|plan|keys|oom-snapshot|py-levers|py-eval|py-alloc|py-snapshot|hints|hf|lightning|ddp-nccl|hardcap ...
 #
 # (Use the lent machine's own $OUT, whose files come back; OUT=out keeps them there.) The
 # command runs in the repository root, so the carried files are at $ROOT/target/gpu/. The
@@ -38,7 +38,7 @@
 # logs (the device's Python parses them). Checkpoints and the frameworks' install go to
 # $WORK (a scratch folder, removed at the end): a 86M-parameter checkpoint is 1 GiB.
 #
-# `all` runs info levers py-levers plan keys oom-snapshot py-alloc py-snapshot hints hf lightning
+# `all` runs info levers py-levers py-eval plan keys oom-snapshot py-alloc py-snapshot hints hf lightning
 # ddp-nccl hardcap, then run fidelity nvml, within ALL_BUDGET seconds (450; every timeout
 # is cut to what is left, and a section that no longer fits is a SKIP line), with run at
 # RUN_STEPS=10 and nvml at NVML_STEPS=12 steps. It leaves out oom ramp dash overhead
@@ -140,7 +140,7 @@ imports() {
 # The sections `all` runs, in order, and those it leaves out with the reason.
 # What never ran on a GPU comes first; run, fidelity and nvml (passed on the first loan)
 # come last, so that a slow machine spends the budget on the new paths.
-ALL=(info levers py-levers plan keys oom-snapshot py-alloc py-snapshot hints hf lightning ddp-nccl hardcap run fidelity nvml)
+ALL=(info levers py-levers py-eval plan keys oom-snapshot py-alloc py-snapshot hints hf lightning ddp-nccl hardcap run fidelity nvml)
 NOT_IN_ALL=(oom ramp dash overhead telemetry py-oom py-dash)
 left_out() {
   case "$1" in
@@ -637,6 +637,44 @@ with headroom.Run(
 print(json.dumps({"losses": losses}))
 PY
 
+cat > "$WORK/py/py_eval.py" << 'PY'
+"""py-eval: run.evaluate on CUDA. The GPT trains 4 steps of 64 under memory_budget 4GiB
+(the caching allocator's per-process fraction) and evaluates twice, 2 batches of 4096 ×
+256 tokens each (far past the budget in one piece); then the same evaluation by hand in
+chunks of 256, for the results to compare."""
+
+import json
+import sys
+
+import torch
+from hrgpu import GPT, batches
+
+import headroom
+
+log = sys.argv[1]
+torch.manual_seed(0)
+model = GPT().cuda()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+evals = list(batches(2, 4096, seed=1))
+results = []
+with headroom.Run(
+    "gpu-py-eval", model=model, effective_batch=64, memory_budget="4GiB", log=log, total_steps=4
+) as run:
+    for i, b in enumerate(batches(4, 64)):
+        run.backward(b, model.loss)
+        run.step(opt)
+        if i % 2 == 1:
+            with run.evaluation("validation"):
+                results.append([float(run.evaluate(e, model.loss)) for e in evals])
+with torch.no_grad():
+    hand = [
+        sum(float(model.loss((x[i : i + 256], y[i : i + 256]))) * len(x[i : i + 256])
+            for i in range(0, len(x), 256)) / len(x)
+        for x, y in evals
+    ]
+print(json.dumps({"results": results, "hand": hand}))
+PY
+
 cat > "$WORK/py/summary.py" << 'PY'
 """One summary line for a section of gpu-check.sh, from its own logs under OUT:
 `PASS|FAIL|SKIP section — the number that shows it`. Usage: summary.py OUT SECTION [ARG]"""
@@ -1081,6 +1119,24 @@ def py_levers():
     return check(ok and done == total, "; ".join(parts) + f"; {done}/{total} steps")
 
 
+def py_eval():
+    rs = recs("py-eval.jsonl")
+    passes = kind(rs, "eval_memory")
+    out = [json.loads(x) for x in (OUT / "py-eval.out").read_text().splitlines() if x.startswith("{")]
+    check(len(passes) == 2 and out, f"{len(passes)} evaluation passes, exit {rc('py-eval')}: {tail('py-eval.out')}")
+    first, second = passes
+    res, hand = out[-1]["results"], out[-1]["hand"]
+    worst = max(abs(a - b) / abs(b) for a, b in zip(res[-1], hand))
+    text = (
+        f"pass 1: {first['ooms']} CUDA OOM(s), batch {first['asked']} in chunks of {first['size']}, "
+        f"peak {pct(first['usage'])} of {gib(first['limit_bytes'])}; pass 2: {second['ooms']} OOMs, "
+        f"chunks of {second['size']}; last losses {res[-1]} vs by hand {hand} (largest relative "
+        f"difference {worst:.1e}, bound 1e-5)"
+    )
+    ok = first["ooms"] >= 1 and first["size"] < first["asked"] and second["ooms"] == 0
+    return check(ok and worst < 1e-5 and rc("py-eval") == 0, text)
+
+
 SECTIONS = {
     "info": info, "run": run, "fidelity": fidelity, "nvml": nvml, "oom": oom, "ramp": ramp,
     "dash": lambda: screen("dash"), "py-dash": lambda: screen("py-dash"),
@@ -1089,7 +1145,7 @@ SECTIONS = {
     "oom-snapshot": oom_snapshot, "py-alloc": py_alloc, "py-snapshot": py_snapshot,
     "hints": hints, "hf": lambda: framework("hf", "transformers", "hf.result.json"),
     "lightning": lambda: framework("lightning", "lightning", "lightning.result.json"),
-    "ddp-nccl": ddp_nccl, "hardcap": hardcap, "py-levers": py_levers,
+    "ddp-nccl": ddp_nccl, "hardcap": hardcap, "py-levers": py_levers, "py-eval": py_eval,
 }
 
 def one_line(text):
@@ -1326,6 +1382,16 @@ PY
         "${PYLEVER_BATCH:-256}" > "$OUT/py-levers.out" 2>&1
       ran py-levers; tail -3 "$OUT/py-levers.out"
       summarize py-levers
+      ;;
+    py-eval)
+      # run.evaluate on CUDA (py_eval.py): evaluation batches of 4096 × 256 tokens under
+      # memory_budget 4GiB split after real CUDA OOMs, the size kept, the results against
+      # the same evaluation chunked by hand.
+      section py-eval; have_py py-eval && need 25 py-eval || continue
+      PYTHONPATH=$PYP timeout "$(tmo 90)" "$PY" "$WORK/py/py_eval.py" "$OUT/py-eval.jsonl" \
+        > "$OUT/py-eval.out" 2>&1
+      ran py-eval; tail -3 "$OUT/py-eval.out"
+      summarize py-eval
       ;;
     py-snapshot)
       # Run(oom_snapshot=True) on CUDA: the same loop; the OOM writes memory_viz's pickle
