@@ -544,12 +544,29 @@ impl NativeRun {
     /// What the step's fixed memory is made of, counted by Python after the first
     /// optimizer step: parameters, gradients and the optimizer's state, bytes (the
     /// optimizer-state hint reads it).
-    fn memory_parts(&self, parameters: u64, gradients: u64, optimizer: u64) -> PyResult<()> {
+    fn memory_parts(&mut self, parameters: u64, gradients: u64, optimizer: u64) -> PyResult<()> {
         self.live()?;
         self.session.memory_parts(headroom_core::MemoryParts {
             parameters,
             gradients,
             optimizer,
+        });
+        Ok(())
+    }
+
+    /// A `headroom.plan`'s split of a step's memory, for the memory panel (without one
+    /// the session works it out from the steps it measures).
+    fn plan_split(
+        &mut self,
+        model_bytes: u64,
+        overhead_bytes: u64,
+        activations_per_token: f64,
+    ) -> PyResult<()> {
+        self.live()?;
+        self.session.plan_split(headroom_core::PlanSplit {
+            model_bytes,
+            overhead_bytes,
+            activations_per_token,
         });
         Ok(())
     }

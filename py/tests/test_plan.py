@@ -59,6 +59,12 @@ def measured(tmp_path, name, model, opt, batches, loss, mb, plan):
     mem = kinds(log, "step_memory")
     assert [c["peak_bytes"] for c in checks] == [m["peak_bytes"] for m in mem]
     assert all(c["planned_bytes"] == plan.predict(mb) for c in checks)
+    # The plan is the memory panel's split, as the built-in's probe is.
+    split = kinds(log, "plan_split")
+    assert len(split) == 1, split
+    assert split[0]["model_bytes"] == plan.parameters + plan.gradients + plan.optimizer
+    per_token = plan.activations_per_sample / plan.seq_len
+    assert split[0]["activations_per_token"] == pytest.approx(per_token)
     # The first step allocates the optimizer's state: the later ones are the run's.
     return max(m["peak_bytes"] for m in mem[1:])
 
@@ -180,3 +186,23 @@ def test_the_largest_micro_batch_follows_the_budget():
     assert plan.predict(4) == 700
     assert plan.largest_micro_batch() == 8  # 500 + 8 * 50 = 900
     assert plan.largest_micro_batch(budget=500) is None
+
+
+def test_without_a_plan_the_panels_split_comes_from_the_steps_measured(tmp_path):
+    """An adaptive run given no plan: once its controller has measured two sizes, the
+    memory panel's split (plan_split) is its fit's, with the model's bytes counted."""
+    torch.manual_seed(0)
+    model = TinyGPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    log = tmp_path / "measured.jsonl"
+    with headroom.Run("split", model=model, effective_batch=32, micro_batch=4, log=log) as run:
+        for b in gpt_batches(8, 32):
+            run.backward(b, model.loss)
+            run.step(opt)
+    sizes = {m["micro_batch"] for m in kinds(log, "step_memory")}
+    assert len(sizes) >= 2, sizes
+    split = kinds(log, "plan_split")
+    assert len(split) == 1, split
+    parts = kinds(log, "memory_parts")[0]
+    assert split[0]["model_bytes"] == parts["parameters"] + parts["gradients"] + parts["optimizer"]
+    assert split[0]["activations_per_token"] > 0

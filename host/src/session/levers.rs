@@ -71,6 +71,8 @@ impl Session {
     /// ([`Session::measured`]); two switches before one step are said together, against
     /// the peak before the first.
     fn lever_switched(&mut self, what: String, source: &'static str) -> String {
+        // A measured split was of the old lever state (a driver's plan re-sends its own).
+        self.split_known = false;
         let text = format!("{what} from step {}", self.step + 1);
         self.switch = Some(match self.switch.take() {
             Some(earlier) => PendingSwitch {

@@ -24,8 +24,8 @@ use std::time::Instant;
 use headroom_core::journal::Journaled;
 use headroom_core::policy::{Decision, Profile, StepObservation, Thresholds, Upcoming};
 use headroom_core::{
-    Bus, Checkpointing, Level, MemoryParts, MemorySummary, Notice, PlanCheck, Precision, RunInfo,
-    RunLevers, RunStatus, RunSummary, StepMemory, StepMetrics, Telemetry,
+    Bus, Checkpointing, Level, MemoryParts, MemorySummary, Notice, PlanCheck, PlanSplit, Precision,
+    RunInfo, RunLevers, RunStatus, RunSummary, StepMemory, StepMetrics, Telemetry,
 };
 
 /// What the driver of a run can do, which decides how the session answers.
@@ -141,6 +141,11 @@ pub struct Session {
     auto_checkpoint: bool,
     /// The evaluation pass in progress (eval.rs).
     eval_pass: Option<eval::EvalPass>,
+    /// Parameters, gradients and optimizer state, bytes, once the driver counted them.
+    model_bytes: Option<u64>,
+    /// Whether the memory panel has a split under the levers in force: a driver's plan
+    /// ([`Session::plan_split`]) or one the controller's fit gave.
+    split_known: bool,
 }
 
 impl Session {
@@ -175,6 +180,8 @@ impl Session {
             checkpointing: None,
             auto_checkpoint: false,
             eval_pass: None,
+            model_bytes: None,
+            split_known: false,
         }
     }
 
@@ -392,7 +399,9 @@ impl Session {
             seq_len: p.seq_len,
             peak_bytes: p.peak_bytes,
         });
-        Some(self.next(p.step, decisions))
+        let next = self.next(p.step, decisions);
+        self.measured_split();
+        Some(next)
     }
 
     /// An out-of-memory error in a step's attempt, counted and said; what to retry with.
@@ -471,8 +480,45 @@ impl Session {
     }
 
     /// What the step's fixed memory is made of (the optimizer-state hint reads it).
-    pub fn memory_parts(&self, parts: MemoryParts) {
+    pub fn memory_parts(&mut self, parts: MemoryParts) {
+        self.model_bytes = Some(parts.parameters + parts.gradients + parts.optimizer);
         self.send(Telemetry::MemoryParts(parts));
+        self.measured_split();
+    }
+
+    /// A driver's plan of a step's memory (a start probe, `headroom.plan`): the memory
+    /// panel's split.
+    pub fn plan_split(&mut self, split: PlanSplit) {
+        self.split_known = true;
+        self.send(Telemetry::PlanSplit(split));
+    }
+
+    /// Without a plan, the split from what the run measured: the model's bytes the driver
+    /// counted, and the controller's fit of its steps' peaks (fixed + per token, once two
+    /// sizes ran), so a Python run's panel is as complete as a probed one's. Once per
+    /// lever state.
+    fn measured_split(&mut self) {
+        if self.split_known {
+            return;
+        }
+        let (Some(model), Some(c)) = (self.model_bytes, self.controller.as_ref()) else {
+            return;
+        };
+        if !c.model().is_fitted() {
+            return;
+        }
+        let Some((fixed, per_token)) = c.model().coefficients() else {
+            return;
+        };
+        if per_token <= 0.0 {
+            return;
+        }
+        self.split_known = true;
+        self.send(Telemetry::PlanSplit(PlanSplit {
+            model_bytes: model,
+            overhead_bytes: (fixed.max(0.0) as u64).saturating_sub(model),
+            activations_per_token: per_token,
+        }));
     }
 
     /// A validation result.

@@ -451,3 +451,65 @@ fn a_watch_only_evaluation_runs_as_asked_and_halves_after_an_oom() {
         .iter()
         .any(|m| matches!(m, Telemetry::Decision { .. })));
 }
+
+fn splits(rx: &BusReceivers) -> Vec<PlanSplit> {
+    said(rx)
+        .into_iter()
+        .filter_map(|m| match m {
+            Telemetry::PlanSplit(p) => Some(p),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Two sizes of `fixed` + `per_token` × tokens, observed by an adaptive session (the
+/// controller does not fit a run's first step).
+fn two_sizes(s: &mut Session, fixed: u64, per_token: u64) {
+    for (step, mb) in [(1, 4), (2, 4), (3, 8)] {
+        s.observe(StepPeak {
+            step,
+            micro_batch: mb,
+            seq_len: 64,
+            peak_bytes: fixed + per_token * (mb as u64 * 64),
+            predicted_bytes: None,
+            limit_bytes: 1 << 30,
+            configured_limit_bytes: 1 << 30,
+        });
+    }
+}
+
+#[test]
+fn without_a_plan_the_memory_panels_split_comes_from_the_measured_steps() {
+    let parts = MemoryParts {
+        parameters: 10 << 20,
+        gradients: 10 << 20,
+        optimizer: 20 << 20,
+    };
+    let (mut s, rx) = session(Driver::script(false), true);
+    s.memory_parts(parts);
+    assert!(splits(&rx).is_empty(), "no fit yet");
+    two_sizes(&mut s, 100 << 20, 4096);
+    let got = splits(&rx);
+    assert_eq!(got.len(), 1, "once");
+    assert_eq!(got[0].model_bytes, 40 << 20);
+    assert_eq!(got[0].overhead_bytes, 60 << 20);
+    assert!(
+        (got[0].activations_per_token - 4096.0).abs() < 1.0,
+        "{got:?}"
+    );
+    // A lever switch: the split of the new state, once refitted.
+    s.switched_checkpointing(Checkpointing::None, Checkpointing::Blocks, "command");
+    two_sizes(&mut s, 100 << 20, 4096);
+    assert_eq!(splits(&rx).len(), 1);
+
+    // A driver's plan stands: no measured split over it.
+    let (mut s, rx) = session(Driver::BUILT_IN, true);
+    s.plan_split(PlanSplit {
+        model_bytes: 1,
+        overhead_bytes: 2,
+        activations_per_token: 3.0,
+    });
+    s.memory_parts(parts);
+    two_sizes(&mut s, 100 << 20, 4096);
+    assert_eq!(splits(&rx).len(), 1);
+}

@@ -174,8 +174,16 @@ class Run(StopSignals, JobRank):
         self._boundary_t = time.perf_counter()
         self._optimizer_said = False
         self._parts_said = False
-        # A headroom.plan(...): its prediction is logged beside each step's peak.
+        # A headroom.plan(...): its prediction is logged beside each step's peak, and its
+        # split is the memory panel's (without one, the session's from measured steps).
         self._plan = a.plan
+        if a.plan is not None:
+            p = a.plan
+            self._native.plan_split(
+                p.parameters + p.gradients + p.optimizer,
+                max(0, p.fixed_overhead),
+                p.activations_per_sample / max(1, p.seq_len),
+            )
         self._start_signals(a.on_usr1, a.on_usr2)
 
     def _open_native(self, a, name: str, job) -> _native.NativeRun:

@@ -238,8 +238,7 @@ impl Trainer {
         };
         self.session.notice(Level::Info, "plan", text);
         if let Ok(plan) = &probed {
-            self.session
-                .send(Telemetry::PlanSplit(plan_split(plan, lever)));
+            self.session.plan_split(plan_split(plan, lever));
         }
         self.plan = Some(probed.unwrap_or_else(|_| {
             let held = self
@@ -272,8 +271,7 @@ impl Trainer {
             let lever = self.lever();
             if switched {
                 // The memory panel's bar follows the lever now in force.
-                self.session
-                    .send(Telemetry::PlanSplit(plan_split(p, lever)));
+                self.session.plan_split(plan_split(p, lever));
             }
             self.session.plan_check(PlanCheck {
                 step: plan.step,
