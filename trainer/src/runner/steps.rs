@@ -7,7 +7,7 @@ use headroom_core::config::Checkpointing;
 use headroom_core::plan::{Lever, Plan};
 use headroom_core::policy::Upcoming;
 use headroom_core::units::fmt_bytes;
-use headroom_core::{Command, Level, MemoryParts, PlanCheck, PlanSplit, Telemetry};
+use headroom_core::{Command, Level, MemoryParts, PlanCheck, PlanSplit};
 use headroom_host::procmem;
 use headroom_host::session::{Measured, StepDone, StepPeak};
 use tch::{Device, Tensor};
