@@ -284,6 +284,40 @@ def test_a_lightning_fit_switches_the_named_blocks_and_precision_from_a_viewer(t
     assert answers["set_precision"]["applied"].startswith("precision fp32 → bf16 from step ")
 
 
+def test_a_lightning_module_hands_over_its_checkpointing_by_a_hook_it_defines(tmp_path):
+    L = pytest.importorskip("lightning")
+    from lightning_models import TinyAdaptive, loader, trainer
+
+    import headroom.lightning
+
+    calls = []
+
+    class Hooked(TinyAdaptive):
+        def activation_checkpointing(self, on: bool) -> None:
+            calls.append(on)
+
+    model = Hooked()
+    cb = headroom.lightning.Adaptive(log=tmp_path / "hook.jsonl")
+    answers, errors = {}, []
+    th = threading.Thread(
+        target=steer,
+        args=(lambda: cb.run, [("set_checkpointing", {"checkpoint": "blocks"})], answers, errors),
+    )
+    th.start()
+    slow = type("Slow", (L.pytorch.Callback,), {"on_train_batch_end": lambda *a: time.sleep(0.25)})
+    trainer(tmp_path / "h", callbacks=[cb, slow()], max_steps=12).fit(model, loader(12, 8))
+    th.join(timeout=60)
+    assert not errors, errors
+    assert answers["set_checkpointing"]["applied"].startswith(
+        "activation checkpointing none → blocks from step "
+    ), answers
+    assert calls == [True]
+    # A module without the hook has no checkpointing lever: the key is refused by name.
+    plain = headroom.lightning.Adaptive(log=tmp_path / "plain.jsonl")
+    trainer(tmp_path / "p", callbacks=[plain], max_steps=1).fit(TinyAdaptive(), loader(1, 8))
+    assert plain.run._levers.checkpointing is None
+
+
 @pytest.mark.parametrize("lever", ["checkpointing:blocks", "precision:bf16"])
 def test_a_switched_lever_lowers_the_next_steps_peak_and_says_by_how_much(tmp_path, lever):
     p = subprocess.run(

@@ -151,6 +151,14 @@ class Adaptive(Watch):
         # averaged once per batch after the ranks agree; FSDP and DeepSpeed are refused.
         model = trainer.strategy.model if trainer.world_size > 1 else pl_module
         levers = {}
+        hook = _checkpointing_hook(pl_module)
+        if (
+            hook is not None
+            and not {"checkpoint_blocks", "checkpointing"} & self._run_kwargs.keys()
+        ):
+            # The module's own switch (where Lightning has no seam for checkpointing):
+            # the dashboard's `a` and the last resort at micro-batch 1 call it.
+            levers["checkpointing"] = hook
         if str(trainer.precision) in ("32", "32-true"):
             # The forward's precision is the run's (its autocast in run.backward) only
             # where Lightning's own precision plugin leaves float32 alone.
@@ -245,6 +253,15 @@ class Adaptive(Watch):
         self._eval_end()
 
 
+def _checkpointing_hook(module):
+    """The module's `activation_checkpointing(on)`, when it defines one (an
+    AdaptiveModule's own is a placeholder)."""
+    hook = getattr(type(module), "activation_checkpointing", None)
+    if hook is None or hook is AdaptiveModule.__dict__.get("activation_checkpointing"):
+        return None
+    return module.activation_checkpointing
+
+
 class AdaptiveModule(pl.LightningModule):
     """A LightningModule whose batches headroom cuts into micro-batches.
 
@@ -264,6 +281,14 @@ class AdaptiveModule(pl.LightningModule):
 
     def micro_batch_loss(self, batch: Any) -> torch.Tensor:
         raise NotImplementedError("define micro_batch_loss(batch): a micro-batch's mean loss")
+
+    def activation_checkpointing(self, on: bool) -> None:
+        """Define it to hand the run your model's activation checkpointing: called with
+        True or False at a step boundary when the dashboard's `a` (or a viewer) switches
+        it, and with True when micro-batch 1 runs out of memory (the last resort). Off
+        at the start. Not defined: ``Adaptive(checkpoint_blocks=...)`` names blocks
+        instead, or there is no checkpointing lever."""
+        raise NotImplementedError
 
     def training_step(self, batch, batch_idx):
         run = self.headroom
