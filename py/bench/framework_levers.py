@@ -5,8 +5,7 @@ lever decision's step peaks before and after, at the same shape. One process per
 under a roomy hard cap (so the resident set follows live tensors, as
 py/tests/lever_peaks.py does). docs/BENCHMARKS.md, "The levers inside the frameworks".
 
-    ./dev python py/bench/framework_levers.py            # all four rows
-    ./dev python py/bench/framework_levers.py hf checkpointing:blocks   # one, in-process
+    ./dev python py/bench/framework_levers.py [hf|lightning]   # the rows, a process each
 """
 
 from __future__ import annotations
@@ -53,7 +52,6 @@ def hf(lever: str, log: str) -> None:
             if state.global_step == SWITCH:
                 trainer._headroom.run._carry_out(lever)
 
-    trainer.add_callback(Switch())
     headroom.hf.adapt(
         trainer,
         micro_batch=16,
@@ -63,6 +61,9 @@ def hf(lever: str, log: str) -> None:
         log=log,
         name="hf-levers",
     )
+    # After adapt's callback: its step has ended (measured) when the switch is made, as
+    # at a viewer's command, which the run carries out at that boundary.
+    trainer.add_callback(Switch())
     trainer.train()
 
 
@@ -110,13 +111,18 @@ def main() -> int:
         return 0
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"framework-levers-{os.getpid()}"
     out.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
+    )
     print("| framework | lever | step before → after | peak before | peak after | freed |")
     print("|---|---|---|---|---|---|")
-    for mode, lever in ROWS:
+    for mode, lever in [r for r in ROWS if not sys.argv[1:] or r[0] in sys.argv[1:]]:
         log = out / f"{mode}-{lever.replace(':', '-')}.jsonl"
         p = subprocess.run(
-            [sys.executable, __file__, mode, lever, str(log)], env=env, capture_output=True, text=True
+            [sys.executable, __file__, mode, lever, str(log)],
+            env=env,
+            capture_output=True,
+            text=True,
         )
         d = decision(str(log)) if log.exists() else None
         if p.returncode != 0 or d is None:
