@@ -4,6 +4,8 @@
 use std::fs;
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use headroom_core::HeapStats;
 
@@ -12,10 +14,42 @@ pub fn status_kib(key: &str) -> Option<u64> {
     kib_line(&fs::read_to_string("/proc/self/status").ok()?, key)
 }
 
-/// The resident set now, bytes.
+/// The resident set now, bytes: /proc/self/statm's second field (the kernel's count
+/// behind VmRSS, one short line instead of the fifty /proc/self/status formats; a step's
+/// report reads it).
 pub fn rss_bytes() -> Option<u64> {
-    status_kib("VmRSS:").map(|k| k * 1024)
+    let text = fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = text.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * page_size())
 }
+
+fn page_size() -> u64 {
+    static PAGE: OnceLock<u64> = OnceLock::new();
+    // SAFETY: sysconf only reads a constant of the system.
+    *PAGE.get_or_init(|| match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 => n as u64,
+        _ => 4096,
+    })
+}
+
+/// MemAvailable at most [`AVAILABLE_FRESH`] old: /proc/meminfo is formatted for each read
+/// (tens of µs), and a step that ends every millisecond need not read it each time; what
+/// other processes take moves slower than that.
+fn recent_host_available_bytes() -> Option<u64> {
+    static LAST: Mutex<Option<(Instant, u64)>> = Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((at, bytes)) = *last {
+        if at.elapsed() < AVAILABLE_FRESH {
+            return Some(bytes);
+        }
+    }
+    let bytes = host_available_bytes()?;
+    *last = Some((Instant::now(), bytes));
+    Some(bytes)
+}
+
+/// How old a MemAvailable reading [`current_cpu_limit`] may use.
+const AVAILABLE_FRESH: Duration = Duration::from_millis(100);
 
 /// Memory the kernel could still hand out without swapping (MemAvailable), bytes.
 pub fn host_available_bytes() -> Option<u64> {
@@ -54,7 +88,7 @@ pub fn peak_rss_bytes() -> Result<u64, String> {
 /// A CPU limit as it stands now: never more than this process holds plus what the kernel
 /// could still give it, so memory other processes take lowers it.
 pub fn current_cpu_limit(configured: u64) -> u64 {
-    match (rss_bytes(), host_available_bytes()) {
+    match (rss_bytes(), recent_host_available_bytes()) {
         (Some(rss), Some(avail)) => configured.min(rss + avail),
         _ => configured,
     }
@@ -169,7 +203,7 @@ pub fn set_hard_limit(budget: u64) -> Result<u64, String> {
     if unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) } != 1 {
         return Err("cannot set glibc's mmap threshold for --hard-limit".into());
     }
-    let rss = rss_bytes().ok_or("cannot read VmRSS from /proc/self/status")?;
+    let rss = rss_bytes().ok_or("cannot read the resident set from /proc/self/statm")?;
     let data = status_kib("VmData:").ok_or("cannot read VmData from /proc/self/status")? * 1024;
     if budget < rss + HARD_LIMIT_ROOM {
         return Err(format!(
