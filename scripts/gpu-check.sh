@@ -18,8 +18,10 @@
 #   ./dev python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
 #     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
 #     -d target/gpu/wheels -r target/gpu/frameworks.txt
+#   strip target/gpu/headroom target/gpu/python/headroom/_native.abi3.so   # 66 → 58 MiB
 #   du -shc target/gpu/headroom target/gpu/python target/gpu/wheels   # a carry holds 64 MiB
-#       # in all (about 8 + 5 + 45 MB): for `all`, carry those three paths; the benches only
+#       # in all, the tracked tree's 5 MiB included (stripped: about 6.5 + 4.3 + 48 MB; the
+#       # wheels' numpy is 16 of them): for `all`, carry those three paths; the benches only
 #       # for overhead and telemetry, which `all` leaves out. Without the wheels, hf and
 #       # lightning are SKIP lines unless the device's Python has the frameworks itself.
 #   (on the GPU machine)  OUT=$OUT bash scripts/gpu-check.sh all
