@@ -320,8 +320,8 @@ def _chunk_evaluation(trainer: transformers.Trainer, cb: _Adaptive) -> None:
     """``evaluate`` and ``predict`` in batches that fit: each of the Trainer's evaluation
     batches (``per_device_eval_batch_size``) runs through ``run.evaluate``, its
     ``prediction_step`` per chunk and the chunks' (loss, logits, labels) joined: the loss
-    as a mean weighted by samples (the Trainer itself weights its batches' losses so),
-    logits and labels concatenated. Each ``evaluation_loop`` is one pass in the log
+    weighted by what the model averages over (its label tokens, else samples:
+    `_join_predictions`), so it is the unsplit batch's; logits and labels concatenated. Each ``evaluation_loop`` is one pass in the log
     (``eval``, ``test`` or ``predict``); ``evaluate`` and ``predict`` outside ``train()``
     get a run of their own."""
     loop, step = trainer.evaluation_loop, trainer.prediction_step
