@@ -321,9 +321,9 @@ def _chunk_evaluation(trainer: transformers.Trainer, cb: _Adaptive) -> None:
     batches (``per_device_eval_batch_size``) runs through ``run.evaluate``, its
     ``prediction_step`` per chunk and the chunks' (loss, logits, labels) joined: the loss
     weighted by what the model averages over (its label tokens, else samples:
-    `_join_predictions`), so it is the unsplit batch's; logits and labels concatenated. Each ``evaluation_loop`` is one pass in the log
-    (``eval``, ``test`` or ``predict``); ``evaluate`` and ``predict`` outside ``train()``
-    get a run of their own."""
+    `_join_predictions`), so it is the unsplit batch's; logits and labels concatenated.
+    Each ``evaluation_loop`` is one pass in the log (``eval``, ``test`` or ``predict``);
+    ``evaluate`` and ``predict`` outside ``train()`` get a run of their own."""
     loop, step = trainer.evaluation_loop, trainer.prediction_step
 
     def own_run(call):
