@@ -123,7 +123,7 @@ def hf(args, budget):
 
 def lightning(args, budget):
     import lightning as L
-    from lightning_models import TinyAdaptive, loader
+    from lightning_models import TinyAdaptive, loader, trainer
 
     import headroom.lightning
 
@@ -158,20 +158,8 @@ def lightning(args, budget):
             {} if args.how == "uncapped" else {"memory_budget": str(budget), "hard_limit": True}
         )
         callbacks = [headroom.lightning.Adaptive("eval-pl", log=args.log, **capped_kw)]
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=4,
-        val_check_interval=2,
-        num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=args.out,
-        callbacks=[*callbacks, Keep()],
-    )
-    trainer.fit(model, data, val)
+    fit = trainer(args.out, max_steps=4, val_check_interval=2, callbacks=[*callbacks, Keep()])
+    fit.fit(model, data, val)
     return results
 
 

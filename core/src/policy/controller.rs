@@ -201,21 +201,11 @@ impl Controller {
         (fraction * self.limit_bytes() as f64) as u64
     }
 
-    pub fn eval_sizer(&self) -> &EvalSizer {
-        &self.eval
-    }
-
     /// The chunk size for an evaluation batch of `asked` samples of `seq_len` tokens
     /// (policy/eval.rs), with the decision when it changed from the last such batch.
     pub fn eval_size(&mut self, asked: usize, seq_len: usize) -> (usize, Vec<Decision>) {
         let room = self.eval_room();
-        let limit = self.limit_bytes().max(1) as f64;
-        let model = self.eval.model().clone();
-        let (size, decision) = self.eval.size_for(asked, seq_len, room, |n| {
-            model
-                .predict((n * seq_len.max(1)) as u64)
-                .map(|b| b as f64 / limit)
-        });
+        let (size, decision) = self.eval.size_for(asked, seq_len, room, self.limit_bytes());
         (size, decision.into_iter().collect())
     }
 

@@ -59,13 +59,14 @@ impl EvalSizer {
     /// The chunk size for a batch of `asked` samples of `seq_len` tokens: as asked until
     /// something bounds it, then the bound spread evenly over the chunks it takes (64
     /// under a bound of 40 runs as 32 + 32, not 40 + 24). A change from the last batch of
-    /// the same asked size is a decision.
+    /// the same asked size is a decision (its usage predicted at the new size against
+    /// `limit_bytes`).
     pub fn size_for(
         &mut self,
         asked: usize,
         seq_len: usize,
         under_bytes: u64,
-        usage_of: impl Fn(usize) -> Option<f64>,
+        limit_bytes: u64,
     ) -> (usize, Option<Decision>) {
         let asked = asked.max(1);
         let most = self.bound(seq_len, under_bytes).unwrap_or(asked).min(asked);
@@ -79,7 +80,10 @@ impl EvalSizer {
                 } else {
                     ResizeReason::Grow
                 },
-                usage: usage_of(size).unwrap_or(0.0),
+                usage: self
+                    .model
+                    .predict((size * seq_len.max(1)) as u64)
+                    .map_or(0.0, |b| b as f64 / limit_bytes.max(1) as f64),
             }),
             _ => None,
         };
@@ -139,14 +143,14 @@ mod tests {
     #[test]
     fn runs_as_asked_until_something_bounds_it() {
         let mut s = EvalSizer::default();
-        assert_eq!(s.size_for(64, 128, GIB, |_| None), (64, None));
-        assert_eq!(s.size_for(64, 128, GIB, |_| None), (64, None));
+        assert_eq!(s.size_for(64, 128, GIB, GIB), (64, None));
+        assert_eq!(s.size_for(64, 128, GIB, GIB), (64, None));
     }
 
     #[test]
     fn an_oom_halves_the_rest_and_the_next_batch_starts_split_evenly() {
         let mut s = EvalSizer::default();
-        s.size_for(64, 128, GIB, |_| None);
+        s.size_for(64, 128, GIB, GIB);
         let (retry, d) = s.oom(64, 128, GIB);
         assert_eq!(retry, Some(32));
         assert!(matches!(
@@ -160,10 +164,10 @@ mod tests {
         ));
         // The next batch of 64 stays under the ceiling (64 × 128 tokens): two even halves,
         // no second decision (the OOM said it).
-        assert_eq!(s.size_for(64, 128, GIB, |_| None), (32, None));
+        assert_eq!(s.size_for(64, 128, GIB, GIB), (32, None));
         // A smaller last batch runs whole when it fits under the ceiling.
-        assert_eq!(s.size_for(40, 128, GIB, |_| None), (40, None));
-        assert_eq!(s.size_for(10, 128, GIB, |_| None), (10, None));
+        assert_eq!(s.size_for(40, 128, GIB, GIB), (40, None));
+        assert_eq!(s.size_for(10, 128, GIB, GIB), (10, None));
     }
 
     #[test]
@@ -178,10 +182,10 @@ mod tests {
         // 1 MiB fixed + 1 MiB per sample of 100 tokens: under 21 MiB, at most 20 samples.
         s.measured(8, 100, 9 << 20, false);
         s.measured(16, 100, 17 << 20, false);
-        let (size, _) = s.size_for(64, 100, 21 << 20, |_| None);
+        let (size, _) = s.size_for(64, 100, 21 << 20, GIB);
         assert_eq!(size, 16, "64 in 4 even chunks of at most 20");
         // More room: the same asked size grows, said as a decision.
-        let (size, d) = s.size_for(64, 100, 40 << 20, |n| Some(n as f64 / 40.0));
+        let (size, d) = s.size_for(64, 100, 40 << 20, GIB);
         assert_eq!(size, 32);
         assert!(matches!(
             d,
@@ -201,14 +205,14 @@ mod tests {
         // ran (under critical), so chunks stay at 8.
         s.measured(8, 100, 20 << 20, false);
         s.measured(4, 100, 19 << 20, false);
-        assert_eq!(s.size_for(64, 100, 18 << 20, |_| None).0, 8);
+        assert_eq!(s.size_for(64, 100, 18 << 20, GIB).0, 8);
     }
 
     #[test]
     fn a_chunk_at_critical_is_not_run_again() {
         let mut s = EvalSizer::default();
         s.measured(32, 100, 30 << 20, true);
-        let (size, _) = s.size_for(32, 100, GIB, |_| None);
+        let (size, _) = s.size_for(32, 100, GIB, GIB);
         assert!(size < 32, "{size}");
     }
 }
