@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 import pty
+import re
 import select
 import socket
 import struct
@@ -17,6 +18,7 @@ import termios
 import time
 from pathlib import Path
 
+import pyte
 import pytest
 import torch
 
@@ -399,12 +401,24 @@ def spawn_on_pty(argv: list[str], cols: int = 160, rows: int = 50, env: dict | N
     return pid, fd
 
 
-class Screen:
-    """What a program on a pty has written so far, and keys sent to it."""
+def _squash(line: str) -> str:
+    return re.sub(" +", " ", line)
 
-    def __init__(self, fd: int):
+
+class Screen:
+    """A terminal on a pty's master side: what the program wrote (raw, for escape
+    sequences) and the grid it drew, kept by pyte as a terminal keeps it. A TUI writes
+    only the cells that changed, so text that moved or changed in place is never whole in
+    the raw bytes; the grid is what a user reads."""
+
+    def __init__(self, fd: int, cols: int = 160, rows: int = 50):
         self.fd = fd
         self.data = b""
+        self._grid = pyte.Screen(cols, rows)
+        self._stream = pyte.ByteStream(self._grid)
+        # Every line the grid has shown since the start : an event
+        # that scrolled away between two reads was still on the screen.
+        self.seen: set[str] = set()
 
     def pump(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -418,21 +432,32 @@ class Screen:
                 if not chunk:
                     return
                 self.data += chunk
+                self._stream.feed(chunk)
+                self.seen.update(_squash(line) for line in self._grid.display)
+
+    def text(self) -> str:
+        """The screen as it stands, a line per row, trailing blanks cut."""
+        return "\n".join(line.rstrip() for line in self._grid.display)
+
+    def shows(self, text: str) -> bool:
+        """Whether the screen shows `text` on one of its rows now (a run of spaces matches
+        any run: the layout pads columns)."""
+        text = _squash(text)
+        return any(text in _squash(line) for line in self._grid.display)
 
     def wait_for(self, text: str, timeout: float = 60) -> bool:
+        """Whether `text` comes to be on a row (or, for an escape sequence, in the raw
+        output) within `timeout` seconds, counting what was shown before the call."""
         end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if text.encode() in self.data:
+        while True:
+            if "\x1b" in text:
+                if text.encode() in self.data:
+                    return True
+            elif any(_squash(text) in line for line in self.seen):
                 return True
+            if time.monotonic() >= end:
+                return False
             self.pump(0.2)
-        return False
 
     def send(self, b: bytes) -> None:
         os.write(self.fd, b)
-
-    def redraw(self, cols: int, rows: int) -> None:
-        """Resizes the terminal, so the program draws every cell anew: a line that changed
-        in place (only its changed cells written) can then be read whole. What was read
-        before is dropped."""
-        fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-        self.data = b""

@@ -71,9 +71,9 @@ def test_the_wheels_headroom_command_lists_replays_and_points_train_at_the_full_
     screen = Screen(fd)
     try:
         # The replay's last step and its end, drawn from the log's final state.
-        assert screen.wait_for("\x1b[?1049h", 30), screen.data[-2000:]
-        assert screen.wait_for("replay", 30), screen.data[-2000:]
-        assert screen.wait_for("completed", 30), screen.data[-2000:]
+        assert screen.wait_for("\x1b[?1049h", 30), screen.text()
+        assert screen.wait_for("replay", 30), screen.text()
+        assert screen.wait_for("completed", 30), screen.text()
         drawn = time.monotonic() - started
         screen.send(b"q")
         screen.pump(20)  # to the end of its output: the pty closes when it exits
@@ -85,6 +85,6 @@ def test_the_wheels_headroom_command_lists_replays_and_points_train_at_the_full_
         except (ProcessLookupError, ChildProcessError):
             pass
         os.close(fd)
-    assert os.waitstatus_to_exitcode(status) == 0, screen.data[-2000:]
+    assert os.waitstatus_to_exitcode(status) == 0, screen.text()
     assert b"\x1b[?1049l" in screen.data, "the screen was given back"
     print(f"replay --end drawn {drawn * 1000:.0f} ms after the start")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import re
 import signal
 import time
 from pathlib import Path
@@ -144,16 +143,11 @@ def test_the_runs_profile_is_logged_as_the_built_in_runs_is(tmp_path):
         assert first["profile"] == profile and first["source"] == "config", (kwargs, first)
 
 
-def _text(screen: Screen) -> str:
-    """What the screen drew, its escape sequences and runs of spaces each one space."""
-    raw = re.sub(rb"\x1b\[[0-9;?]*[A-Za-z]", b" ", screen.data).decode(errors="replace")
-    return re.sub(r"\s+", " ", raw)
-
-
 def _wait_text(screen: Screen, text: str, timeout: float = 30, run=None) -> bool:
+    """Whether the screen comes to show `text`, the run reporting meanwhile if given."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if text in _text(screen):
+        if screen.wait_for(text, timeout=0):
             return True
         if run is not None:
             run.report(1.0)
@@ -167,9 +161,9 @@ def test_the_dashboard_shows_the_runs_profile_and_p_cycles_from_it(tmp_path, run
     pid, fd = spawn_on_pty([headroom_bin(), "attach", "profiled"])
     screen = Screen(fd)
     try:
-        assert _wait_text(screen, "(conservative) in force, from config"), _text(screen)[-3000:]
+        assert _wait_text(screen, "(conservative) in force, from config"), screen.text()
         screen.send(b"t")  # the editor names the profile in force
-        assert _wait_text(screen, "profile conservative, from config"), _text(screen)[-3000:]
+        assert _wait_text(screen, "profile conservative, from config"), screen.text()
         screen.send(b"\x1b")
         screen.pump(0.5)
         screen.send(b"P")  # the next profile after the one in force: aggressive
@@ -395,3 +389,23 @@ def test_a_nan_or_inf_loss_raises_in_watch_only_as_in_adaptive_after_the_step_is
     with pytest.raises(headroom.LossError, match="nan|inf"):
         run.backward(torch.randn(2, 2), lambda mb: model(mb).sum() * math.inf)
     run.finish()
+
+
+def test_the_screen_reader_reads_the_grid_a_redraw_left_not_the_bytes():
+    """The dashboard tests read what a terminal shows: a redraw writes only the cells that
+    changed, so a line moved down one row arrives with the cells it shares with the old
+    row left out ("in f rce" for "in force"). The raw bytes never hold it whole."""
+    master, slave = os.openpty()
+    try:
+        screen = Screen(master, cols=40, rows=3)
+        os.write(slave, b"\x1b[2J\x1b[1;1Hin force, from config\x1b[2;1Hin forge, from conpig")
+        screen.pump(0.3)
+        # Row 1 moves to row 2: only the two cells that differ are written.
+        os.write(slave, b"\x1b[1;1Hstatus: running     \x1b[2;7Hc\x1b[2;19Hf")
+        screen.pump(0.3)
+        assert screen.shows("in force, from config")
+        assert b"in force, from config" not in screen.data[screen.data.index(b"status") :]
+        assert not screen.shows("in forge")
+    finally:
+        os.close(master)
+        os.close(slave)

@@ -7,10 +7,14 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::screen::Screen;
+
 pub struct Pty {
     master: std::fs::File,
     pub child: Child,
     output: Arc<Mutex<Vec<u8>>>,
+    cols: u16,
+    rows: u16,
 }
 
 impl Pty {
@@ -80,6 +84,8 @@ impl Pty {
             master,
             child,
             output,
+            cols,
+            rows,
         }
     }
 
@@ -98,16 +104,37 @@ impl Pty {
         std::mem::take(&mut *self.output.lock().unwrap())
     }
 
-    /// Waits until the screen output contains `needle`.
+    /// Waits until `needle` is on a row of the screen, or whole in the raw output (an
+    /// escape sequence, or a line that scrolled away between two looks). The screen, not
+    /// the bytes: a redraw writes only the cells that changed, so a line that moved or
+    /// changed in place is never whole in the stream.
     pub fn wait_for(&self, needle: &str, timeout: Duration) -> bool {
         let start = Instant::now();
-        while start.elapsed() < timeout {
-            if self.output().contains(needle) {
+        let mut screen = Screen::new(self.cols as usize, self.rows as usize);
+        let mut read = 0;
+        loop {
+            let out = self.output.lock().unwrap().clone();
+            // take_output may have emptied the buffer since the last look.
+            if out.len() < read {
+                read = 0;
+                screen = Screen::new(self.cols as usize, self.rows as usize);
+            }
+            // Up to the last whole character and escape sequence: the rest comes with the
+            // next read.
+            let new = &out[read..];
+            let whole = match std::str::from_utf8(new) {
+                Ok(s) => s,
+                Err(e) => std::str::from_utf8(&new[..e.valid_up_to()]).unwrap(),
+            };
+            read += screen.feed_complete(whole);
+            if screen.contains(needle) || String::from_utf8_lossy(&out).contains(needle) {
                 return true;
+            }
+            if start.elapsed() >= timeout {
+                return false;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        false
     }
 
     /// (canonical mode, echo) of the terminal right now: both off while a TUI holds raw

@@ -26,6 +26,30 @@ impl Screen {
         s
     }
 
+    /// Feeds `text` up to its last complete escape sequence, for output read in pieces;
+    /// returns the bytes taken (the rest goes first in the next piece).
+    pub fn feed_complete(&mut self, text: &str) -> usize {
+        let upto = match text.rfind('\x1b') {
+            None => text.len(),
+            Some(i) => {
+                let rest = &text[i + 1..];
+                let complete = match rest.chars().next() {
+                    None => false,
+                    Some('[') => rest[1..].chars().any(|c| ('\x40'..='\x7e').contains(&c)),
+                    Some(']') => rest.contains('\x07'),
+                    Some(_) => true,
+                };
+                if complete {
+                    text.len()
+                } else {
+                    i
+                }
+            }
+        };
+        self.feed(&text[..upto]);
+        upto
+    }
+
     pub fn feed(&mut self, text: &str) {
         let mut it = text.chars().peekable();
         while let Some(c) = it.next() {
