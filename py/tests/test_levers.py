@@ -164,12 +164,22 @@ def test_a_lever_the_script_did_not_hand_over_is_refused_by_name(tmp_path):
         headroom.Run("bad", model=model, checkpoint_blocks=model.blocks)
 
 
-@pytest.mark.parametrize("blocks", [True, False], ids=["with-blocks", "without"])
-def test_under_a_real_cap_checkpointing_is_the_last_resort_at_micro_batch_one(tmp_path, blocks):
+@pytest.mark.parametrize(
+    "framework",
+    ["loop", "loop-without-blocks", "hf", "lightning"],
+)
+def test_under_a_real_cap_checkpointing_is_the_last_resort_at_micro_batch_one(tmp_path, framework):
+    """One long sample that fits under the cap only with its activations recomputed: a
+    hand-written loop that named its blocks, an adapted Trainer (the model's own
+    gradient_checkpointing_enable) and a Lightning module's hook each switch it on when
+    micro-batch 1 runs out of memory and complete; a loop with no lever gives up."""
+    if framework in ("hf", "lightning"):
+        pytest.importorskip("transformers" if framework == "hf" else "lightning")
     log = tmp_path / "run.jsonl"
     argv = [sys.executable, str(HERE / "lever_capped.py"), "--log", str(log)]
+    argv += ["--framework", framework.split("-")[0], "--out", str(tmp_path / "out")]
     p = subprocess.run(
-        argv + (["--blocks"] if blocks else []),
+        argv + (["--blocks"] if framework == "loop" else []),
         cwd=HERE,
         capture_output=True,
         text=True,
@@ -178,15 +188,12 @@ def test_under_a_real_cap_checkpointing_is_the_last_resort_at_micro_batch_one(tm
     records = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines()]
     ooms = [r for r in records if r["kind"] == "oom"]
     assert ooms and ooms[-1]["micro_batch"] == 1 and ooms[-1]["retry_with"] is None, ooms
-    if not blocks:
+    if framework == "loop-without-blocks":
         # Nothing left to switch: the run gives up where a run without levers always did.
         assert p.returncode == 1 and "OutOfMemory" in p.stderr, p.stderr[-2000:]
         return
     assert p.returncode == 0, p.stderr[-3000:]
-    assert json.loads(p.stdout.strip().splitlines()[-1]) == {
-        "steps": 5,
-        "checkpointing": "blocks",
-    }
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == {"steps": 5, "checkpointing": True}
     said = [r["text"] for r in records if r["kind"] == "notice"]
     assert any("activation checkpointing is now on" in t for t in said), said
     lever = [
@@ -197,6 +204,9 @@ def test_under_a_real_cap_checkpointing_is_the_last_resort_at_micro_batch_one(tm
     assert [(d["change"], d["source"]) for d in lever] == [
         ("activation checkpointing none → blocks", "controller")
     ]
+    # The long sample's step is the one that switched, and every step after it completed.
+    assert lever[0]["after"]["step"] == 3, lever
+    assert [r["step"] for r in records if r["kind"] == "step"][-3:] == [3, 4, 5]
     assert records[-1]["kind"] == "finished"
 
 
