@@ -134,7 +134,8 @@ pub struct PlanArgs {
     /// The micro-batch to plan for; the probe measures half of it and all of it
     #[arg(long, value_name = "N")]
     pub batch_size: Option<usize>,
-    /// The precision the probe runs in: fp32 or bf16 (the other rows are scaled from it)
+    /// The precision the probe runs in: fp32 or bf16 (the other rows are scaled from it;
+    /// fp16 is a Python run's, the built-in trainer has no loss scaler)
     #[arg(long, value_name = "fp32|bf16")]
     pub precision: Option<headroom_core::Precision>,
     /// The checkpointing the probe runs with: none, blocks or every:N
@@ -394,7 +395,7 @@ mod tests {
             assert_eq!(cfg.model.checkpoint, Checkpointing::Every(2));
         }
         for (flag, value, needle) in [
-            ("--precision", "fp16", "fp32 or bf16"),
+            ("--precision", "fp8", "fp32, bf16 or fp16"),
             ("--activation-checkpoint", "every:0", "every:N"),
         ] {
             let err = Cli::try_parse_from(["headroom", "train", flag, value])
@@ -402,6 +403,12 @@ mod tests {
                 .to_string();
             assert!(err.contains(needle), "{err}");
         }
+        // fp16 parses (a Python run's half precision); the built-in trainer refuses it.
+        let err = args(&["--precision", "fp16"]).resolve(None).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("fp16 needs a loss scaler"),
+            "{err:#}"
+        );
     }
 
     #[test]

@@ -216,6 +216,20 @@ pub enum Precision {
     #[default]
     Fp32,
     Bf16,
+    /// float16 autocast with a loss scaler: a Python run's half precision where the device
+    /// has no bf16 (`half_precision="fp16"`); the built-in trainer has no scaler and
+    /// refuses it.
+    Fp16,
+}
+
+impl Precision {
+    /// Bytes of one value computed at this precision.
+    pub fn bytes(self) -> f64 {
+        match self {
+            Precision::Fp32 => 4.0,
+            Precision::Bf16 | Precision::Fp16 => 2.0,
+        }
+    }
 }
 
 impl std::str::FromStr for Precision {
@@ -224,7 +238,10 @@ impl std::str::FromStr for Precision {
         match s.trim().to_ascii_lowercase().as_str() {
             "fp32" | "float32" => Ok(Precision::Fp32),
             "bf16" | "bfloat16" => Ok(Precision::Bf16),
-            other => Err(format!("{other:?} is not a precision; use fp32 or bf16")),
+            "fp16" | "float16" | "half" => Ok(Precision::Fp16),
+            other => Err(format!(
+                "{other:?} is not a precision; use fp32, bf16 or fp16"
+            )),
         }
     }
 }
@@ -234,6 +251,7 @@ impl fmt::Display for Precision {
         f.write_str(match self {
             Precision::Fp32 => "fp32",
             Precision::Bf16 => "bf16",
+            Precision::Fp16 => "fp16",
         })
     }
 }
@@ -700,6 +718,13 @@ impl DataSection {
 
 impl ModelSection {
     fn validate(&self) -> Result<(), ConfigError> {
+        if self.precision == Precision::Fp16 {
+            return Err(invalid(
+                "model.precision (--precision)",
+                "fp16 needs a loss scaler, which the built-in trainer has not; use bf16 (the \
+                 same memory, no scaler) or fp32",
+            ));
+        }
         if self.n_layer == 0 || self.n_head == 0 || self.n_embd == 0 {
             return Err(invalid(
                 "model",
@@ -1082,14 +1107,19 @@ mod tests {
                 .to_string();
             assert!(err.contains("none, blocks or every:N"), "{err}");
         }
+        // fp16 reads (a Python run's half precision) but the built-in trainer refuses it.
         let err = parse("[model]\nprecision = \"fp16\"\n")
+            .unwrap()
+            .validate()
             .unwrap_err()
             .to_string();
-        assert!(err.contains("fp16"), "{err}");
-        assert!("fp16"
+        assert!(err.contains("fp16 needs a loss scaler"), "{err}");
+        assert!(err.contains("use bf16"), "{err}");
+        assert_eq!("fp16".parse::<Precision>(), Ok(Precision::Fp16));
+        assert!("fp8"
             .parse::<Precision>()
             .unwrap_err()
-            .contains("fp32 or bf16"));
+            .contains("fp32, bf16 or fp16"));
     }
 
     #[test]

@@ -135,10 +135,7 @@ impl Shape {
 
     /// Activation memory per token at the step's peak for `lever`, by kind.
     pub fn per_token(&self, lever: Lever) -> PerToken {
-        let e = match lever.precision {
-            Precision::Fp32 => 4.0,
-            Precision::Bf16 => 2.0,
-        };
+        let e = lever.precision.bytes();
         let (c, v, l) = (self.n_embd as f64, self.vocab as f64, self.n_layer);
         let (att, mlp, norms) = self.block(e);
         let full = att + mlp + norms;

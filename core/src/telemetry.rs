@@ -189,9 +189,23 @@ pub struct RunLevers {
     pub precision: Option<Precision>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpointing: Option<Checkpointing>,
+    /// The half precision the precision lever switches to from fp32: bf16, or fp16 where
+    /// the run scales its loss (a Python run's `half_precision="fp16"`). `None` (logs
+    /// from before runs said it): bf16.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub half: Option<Precision>,
 }
 
 impl RunLevers {
+    /// Where the precision lever goes from `now`: fp32 to the run's half precision, a
+    /// half precision back to fp32.
+    pub fn other_precision(&self, now: Precision) -> Precision {
+        match now {
+            Precision::Fp32 => self.half.unwrap_or(Precision::Bf16),
+            Precision::Bf16 | Precision::Fp16 => Precision::Fp32,
+        }
+    }
+
     /// The lever a confirmed command switched, in force from now on.
     pub fn switched(&mut self, command: &Command) {
         match command {

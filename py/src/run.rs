@@ -120,7 +120,7 @@ impl NativeRun {
         effective_batch, micro_batch, log=None, listen=None, sample_hz=4.0,
         cuda_index=None, device_total=None, allocator=None, memory_budget=None,
         hard_limit=false, thresholds=None, profile=None, adaptive=false, job=None,
-        checkpoints=false, precision=None, checkpointing=None
+        checkpoints=false, precision=None, checkpointing=None, half_precision=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -148,10 +148,15 @@ impl NativeRun {
         checkpoints: bool,
         precision: Option<String>,
         checkpointing: Option<String>,
+        half_precision: Option<String>,
     ) -> PyResult<NativeRun> {
         // The levers this run switches itself (precision: its run.backward's autocast;
         // checkpointing: the blocks it names), as they are at the start.
         let precision = precision
+            .map(|p| p.parse::<Precision>())
+            .transpose()
+            .map_err(value_error)?;
+        let half = half_precision
             .map(|p| p.parse::<Precision>())
             .transpose()
             .map_err(value_error)?;
@@ -235,6 +240,9 @@ impl NativeRun {
         );
         // Out of micro-batch sizes, a checkpointing lever goes on before the run gives up.
         session.set_levers(precision, checkpointing, true);
+        if let Some(half) = half {
+            session.set_half_precision(half);
+        }
         session.run_started(RunInfo {
             run_name: name.clone(),
             device: device.clone(),

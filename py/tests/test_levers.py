@@ -92,7 +92,7 @@ def test_a_viewer_switches_checkpointing_mid_run_and_nothing_learned_changes(tmp
 
     switched, log, answers = train("switched", [("set_checkpointing", {"checkpoint": "blocks"})])
     started = kinds(log, "run_started")[0]
-    assert started["levers"] == {"precision": "fp32", "checkpointing": "none"}, started
+    assert started["levers"] == {"precision": "fp32", "checkpointing": "none", "half": "bf16"}
     answer = answers["set_checkpointing"]["applied"]
     assert answer.startswith("activation checkpointing none → blocks from step "), answer
     lever = [r["decision"] for r in kinds(log, "decision") if r["decision"]["decision"] == "lever"]
@@ -146,9 +146,85 @@ def test_bf16_from_a_viewer_is_a_stated_change(tmp_path):
     assert [d["change"] for d in lever] == ["precision fp32 → bf16"]
 
 
+def _fp16_step(model, opt, scaler, batch, parts: int) -> None:
+    """A hand-written fp16 step: float16 autocast, the batch in `parts` micro-batches,
+    each weighted loss scaled by the GradScaler, then its step and update."""
+    x, y = batch
+    for xs, ys in zip(x.chunk(parts), y.chunk(parts)):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = (model(xs).float() - ys).pow(2).mean()
+        scaler.scale(loss * (1 / parts)).backward()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+
+
+def test_fp16_from_a_viewer_learns_what_autocast_with_a_gradscaler_learns(tmp_path):
+    """half_precision="fp16": the viewer's m puts the forward in float16 autocast with a
+    GradScaler the run keeps (run.backward scales, run.step steps and updates through it);
+    the steps learn what a hand-written fp16 loop with torch.amp.GradScaler learns from the
+    same step on; back at fp32 the scaler goes."""
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    answers: dict = {}
+    errors: list = []
+    log = tmp_path / "fp16.jsonl"
+    run = headroom.Run(
+        "fp16",
+        model=model,
+        effective_batch=8,
+        micro_batch=4,
+        adaptive=False,
+        log=log,
+        precision="fp32",
+        half_precision="fp16",
+    )
+    commands = [("set_precision", {"precision": "fp16"})]
+    viewer = threading.Thread(target=steer, args=(lambda: run, commands, answers, errors))
+    viewer.start()
+    scalers = []
+    with run:
+        for i, (x, y) in enumerate(_batches()):
+            run.backward((x, y), lambda mb: (model(mb[0]).float() - mb[1]).pow(2).mean())
+            scalers.append(run.scaler)
+            run.step(opt)
+            if answers and i >= 8:
+                break
+    viewer.join(30)
+    assert not errors, errors
+    assert kinds(log, "run_started")[0]["levers"]["half"] == "fp16"
+    applied = answers["set_precision"]["applied"]
+    assert applied.startswith("precision fp32 → fp16 from step "), applied
+    first = int(applied.rsplit(" ", 1)[1])
+    assert scalers[first - 2] is None and isinstance(scalers[first - 1], torch.amp.GradScaler)
+    # The same steps by hand: fp32 up to the switch, fp16 with a fresh scaler from it.
+    torch.manual_seed(0)
+    hand = Net()
+    hand_opt = torch.optim.SGD(hand.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu")
+    for step, batch in enumerate(itertools.islice(_batches(), len(scalers)), start=1):
+        if step < first:
+            x, y = batch
+            for xs, ys in zip(x.chunk(2), y.chunk(2)):
+                ((hand(xs) - ys).pow(2).mean() * 0.5).backward()
+            hand_opt.step()
+            hand_opt.zero_grad(set_to_none=True)
+        else:
+            _fp16_step(hand, hand_opt, scaler, batch, 2)
+    assert_params_close(model, hand, 1e-6)
+    assert run.scaler.get_scale() == scaler.get_scale()
+    # Back to fp32 at a step boundary: no scaler, the forward in float32 again.
+    assert run._switch_lever("precision", "fp32", "command").startswith("precision fp16 → fp32")
+    assert run.scaler is None
+
+
 def test_a_lever_the_script_did_not_hand_over_is_refused_by_name(tmp_path):
     model = Net()
-    run = headroom.Run("none", model=model, effective_batch=8, checkpoint_blocks=model.blocks)
+    log = tmp_path / "none.jsonl"
+    run = headroom.Run(
+        "none", model=model, effective_batch=8, checkpoint_blocks=model.blocks, log=log
+    )
     with run:
         answers = dict(
             run._native.apply_commands(
@@ -156,8 +232,22 @@ def test_a_lever_the_script_did_not_hand_over_is_refused_by_name(tmp_path):
             )
         )
     assert answers == {}, "the session answers a refusal itself"
-    with pytest.raises(ValueError, match="precision='fp16'"):
-        headroom.Run("bad", model=model, effective_batch=8, precision="fp16")
+    # A run whose half precision is bf16 refuses fp16 by name (it has no scaler).
+    log = tmp_path / "bf16.jsonl"
+    with headroom.Run("b", model=model, effective_batch=8, precision="fp32", log=log) as run:
+        run._native.apply_commands([json.dumps({"command": "set_precision", "precision": "fp16"})])
+    [refused] = kinds(log, "command_applied")
+    assert refused["applied"].startswith("refused: this run switches between fp32 and bf16")
+    with pytest.raises(ValueError, match="precision='fp8'"):
+        headroom.Run("bad", model=model, effective_batch=8, precision="fp8")
+    with pytest.raises(ValueError, match='give the lever too, precision="fp32"'):
+        headroom.Run("bad", model=model, effective_batch=8, half_precision="fp16")
+    with pytest.raises(ValueError, match="between fp32 and one half precision"):
+        headroom.Run("bad", model=model, effective_batch=8, precision="bf16", half_precision="fp16")
+    # A framework steps its own optimizer: a run's GradScaler would go unapplied.
+    adaptive = pytest.importorskip("headroom.lightning").Adaptive
+    with pytest.raises(ValueError, match="fp16 needs the run's GradScaler"):
+        adaptive(half_precision="fp16")
     with pytest.raises(TypeError, match="checkpoint_blocks"):
         headroom.Run("bad", model=model, effective_batch=8, checkpoint_blocks=[1, 2])
     with pytest.raises(headroom.RunError, match="adaptive run"):
@@ -210,14 +300,16 @@ def test_under_a_real_cap_checkpointing_is_the_last_resort_at_micro_batch_one(tm
     assert records[-1]["kind"] == "finished"
 
 
-def test_an_adapted_trainer_switches_the_models_checkpointing_from_a_viewer(tmp_path):
+def test_an_adapted_trainer_switches_checkpointing_and_precision_from_a_viewer(tmp_path):
     transformers = pytest.importorskip("transformers")
     from hf_models import Samples, tiny_gpt2, training_args
 
     ds = Samples(200)
 
-    def train(name, commands):
+    def train(name, commands, dtypes=None):
         model = tiny_gpt2()
+        if dtypes is not None:
+            model.lm_head.register_forward_hook(lambda m, i, out: dtypes.append(out.dtype))
         args = training_args(tmp_path / name, max_steps=12, per_device_train_batch_size=4)
         trainer = transformers.Trainer(model=model, args=args, train_dataset=ds)
         cb = headroom.hf.adapt(trainer, log=tmp_path / f"{name}.jsonl")._headroom
@@ -249,6 +341,15 @@ def test_an_adapted_trainer_switches_the_models_checkpointing_from_a_viewer(tmp_
     plain, _ = train("plain", [])
     assert not _checkpointing(plain)
     assert_params_close(switched, plain, 1e-6)
+    # The Trainer in float32: the precision lever is the run's autocast around its forward.
+    dtypes: list = []
+    _, answers = train("bf16", [("set_precision", {"precision": "bf16"})], dtypes)
+    assert answers["set_precision"]["applied"].startswith("precision fp32 → bf16 from step ")
+    assert dtypes[0] == torch.float32 and dtypes[-1] == torch.bfloat16, dtypes
+    lever = kinds(tmp_path / "bf16.jsonl", "decision")
+    assert [r["decision"]["change"] for r in lever if r["decision"]["decision"] == "lever"] == [
+        "precision fp32 → bf16"
+    ]
 
 
 def _checkpointing(model) -> bool:

@@ -81,6 +81,9 @@ fn compute_kind(p: Precision) -> Kind {
     match p {
         Precision::Fp32 => Kind::Float,
         Precision::Bf16 => Kind::BFloat16,
+        // Refused before it gets here (config validation, the session's answer to a
+        // command): fp16 needs a loss scaler the built-in trainer has not.
+        Precision::Fp16 => Kind::Half,
     }
 }
 

@@ -287,6 +287,7 @@ impl App {
             Some(c) => RunLevers {
                 precision: Some(c.model.precision),
                 checkpointing: Some(c.model.checkpoint),
+                half: None,
             },
             None => RunLevers::default(),
         })

@@ -215,12 +215,12 @@ pub const BINDINGS: &[(&str, &str, &str)] = &[
     (
         "m",
         "bf16",
-        "bf16 / fp32 compute from the next step (built-in trainer)",
+        "bf16 (or the run's fp16) / fp32 compute from the next step",
     ),
     (
         "a",
         "recompute",
-        "activation checkpointing on / off (built-in trainer)",
+        "activation checkpointing on / off, from the next step",
     ),
     (
         "e",

@@ -781,6 +781,7 @@ fn a_python_run_that_hands_over_a_lever_gets_its_key_and_keeps_the_other() {
         levers: Some(RunLevers {
             precision: None,
             checkpointing: Some(Checkpointing::None),
+            half: None,
         }),
         ..run_info("cpu", "cpu")
     }));
@@ -812,5 +813,39 @@ fn a_python_run_that_hands_over_a_lever_gets_its_key_and_keeps_the_other() {
             .any(|e| e.text.contains("precision is its script's") && e.text.contains("precision=")),
         "{:?}",
         app.events
+    );
+}
+
+#[test]
+fn m_goes_to_the_runs_own_half_precision_and_back() {
+    use headroom_core::{Precision, RunLevers};
+    let mut app = App::new("py", false);
+    app.apply(&Telemetry::RunStarted(RunInfo {
+        levers: Some(RunLevers {
+            precision: Some(Precision::Fp32),
+            checkpointing: None,
+            half: Some(Precision::Fp16),
+        }),
+        ..run_info("cpu", "cpu")
+    }));
+    app.apply(&Telemetry::Status {
+        status: RunStatus::Running,
+    });
+    let fp16 = Command::SetPrecision {
+        precision: Precision::Fp16,
+    };
+    assert_eq!(
+        app.handle(Action::TogglePrecision),
+        Reaction::Send(fp16.clone())
+    );
+    app.apply(&Telemetry::CommandApplied {
+        command: fp16,
+        applied: "precision fp32 → fp16 from step 4".into(),
+    });
+    assert_eq!(
+        app.handle(Action::TogglePrecision),
+        Reaction::Send(Command::SetPrecision {
+            precision: Precision::Fp32
+        })
     );
 }

@@ -3,7 +3,7 @@
 //! freeing a cache, a lever) is handed back to it, and its answer comes back through
 //! [`Session::answer`].
 use headroom_core::policy::{Profile, Thresholds};
-use headroom_core::{Command, Level, RunStatus, Telemetry};
+use headroom_core::{Command, Level, Precision, RunStatus, Telemetry};
 
 use super::Session;
 
@@ -64,6 +64,15 @@ impl Session {
                 Some(now) if now == precision => {
                     self.answer(cmd, format!("precision is already {precision}"))
                 }
+                Some(_) if precision != Precision::Fp32 && precision != self.half => self.answer(
+                    cmd,
+                    format!(
+                        "refused: this run switches between fp32 and {half}, not {precision} \
+                         (fp16 needs a loss scaler: a Python run's \
+                         headroom.Run(precision=\"fp32\", half_precision=\"fp16\") has one)",
+                        half = self.half
+                    ),
+                ),
                 Some(_) => return Handled::Driver(cmd),
             },
             Command::SetCheckpointing { checkpoint } => match self.checkpointing {

@@ -134,6 +134,9 @@ pub struct Session {
     /// The driver's precision, where it can switch it (a lever command for one it cannot
     /// is refused here).
     precision: Option<Precision>,
+    /// The half precision the precision lever switches to (bf16 unless the driver scales
+    /// its loss for fp16).
+    half: Precision,
     /// The driver's activation checkpointing, where it can switch it.
     checkpointing: Option<Checkpointing>,
     /// Out of micro-batch sizes, checkpointing goes on and the step is retried
@@ -177,6 +180,7 @@ impl Session {
             switch: None,
             last_measured: None,
             precision: None,
+            half: Precision::Bf16,
             checkpointing: None,
             auto_checkpoint: false,
             eval_pass: None,
@@ -197,6 +201,12 @@ impl Session {
         self.precision = precision;
         self.checkpointing = checkpointing;
         self.auto_checkpoint = auto_checkpoint && checkpointing.is_some();
+    }
+
+    /// The half precision the driver's precision lever switches to from fp32 (bf16 unless
+    /// it says so: a Python run that scales its loss for fp16).
+    pub fn set_half_precision(&mut self, half: Precision) {
+        self.half = half;
     }
 
     /// Makes the run adaptive: `controller` decides its micro-batch from now on.
@@ -240,6 +250,7 @@ impl Session {
             info.levers = Some(RunLevers {
                 precision: self.precision,
                 checkpointing: self.checkpointing,
+                half: self.precision.map(|_| self.half),
             });
         }
         self.send(Telemetry::RunStarted(info));

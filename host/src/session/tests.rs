@@ -141,6 +141,52 @@ fn lever_commands_go_to_a_driver_that_can_switch_and_are_refused_by_one_that_can
 }
 
 #[test]
+fn a_half_precision_that_is_not_the_runs_is_refused_and_its_own_goes_to_the_driver() {
+    let fp16 = Command::SetPrecision {
+        precision: Precision::Fp16,
+    };
+    // The built-in trainer's half is bf16: it has no loss scaler for fp16.
+    let (mut s, rx) = session(Driver::BUILT_IN, true);
+    assert_eq!(s.handle(fp16.clone()), Handled::Answered);
+    let [answer] = &answers(&rx)[..] else {
+        panic!("one answer")
+    };
+    assert!(
+        answer.starts_with("refused: this run switches between fp32 and bf16, not fp16"),
+        "{answer}"
+    );
+    // A run that scales its loss names fp16 as its half: fp16 goes to it, bf16 does not.
+    let (mut s, rx) = session(Driver::script(true), true);
+    s.set_levers(Some(Precision::Fp32), None, true);
+    s.set_half_precision(Precision::Fp16);
+    assert_eq!(s.handle(fp16.clone()), Handled::Driver(fp16));
+    let bf16 = Command::SetPrecision {
+        precision: Precision::Bf16,
+    };
+    assert_eq!(s.handle(bf16), Handled::Answered);
+    assert!(answers(&rx)[0].contains("between fp32 and fp16, not bf16"));
+    s.run_started(RunInfo {
+        run_name: "r".into(),
+        device: "cpu".into(),
+        device_name: "cpu".into(),
+        parameters: 1,
+        start_step: 0,
+        total_steps: 10,
+        corpus: String::new(),
+        train_bytes: 0,
+        val_bytes: 0,
+        config: None,
+        checkpoints: None,
+        levers: None,
+    });
+    let levers = said(&rx).into_iter().find_map(|m| match m {
+        Telemetry::RunStarted(info) => info.levers,
+        _ => None,
+    });
+    assert_eq!(levers.and_then(|l| l.half), Some(Precision::Fp16));
+}
+
+#[test]
 fn thresholds_carry_their_profile_given_by_name_or_by_value_and_a_bad_set_is_refused() {
     let profile_said = |rx: &BusReceivers| {
         said(rx)

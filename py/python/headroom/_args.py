@@ -241,6 +241,7 @@ def run_arguments(given: dict[str, Any]) -> SimpleNamespace:
     for what in ("on_usr1", "on_usr2"):
         user_signal_action(what, getattr(a, what), a.on_checkpoint)
     a.precision = precision(a.precision)
+    a.half_precision = half_precision(a.half_precision, a.precision)
     a.checkpoint_blocks = blocks(a.checkpoint_blocks)
     callback(
         "checkpointing",
@@ -265,12 +266,47 @@ def precision(v: Any) -> str | None:
     """The precision a run's forward starts at, when the run switches it."""
     if v is None:
         return None
-    if not isinstance(v, str) or v.strip().lower() not in ("fp32", "bf16"):
+    if not isinstance(v, str) or v.strip().lower() not in ("fp32", "bf16", "fp16"):
         raise ValueError(
-            f'precision={v!r}: give "fp32" or "bf16", the precision the run\'s forward starts '
-            "at (the dashboard's m switches it; None leaves it to the script)"
+            f'precision={v!r}: give "fp32", "bf16" or "fp16", the precision the run\'s '
+            "forward starts at (the dashboard's m switches it; None leaves it to the script)"
         )
     return v.strip().lower()
+
+
+def half_precision(v: Any, start: str | None) -> str | None:
+    """The half precision the precision lever switches to from fp32: bf16 unless the run
+    starts at fp16 or the script says fp16 (a device without bf16)."""
+    if v is None:
+        return None if start is None else "fp16" if start == "fp16" else "bf16"
+    if not isinstance(v, str) or v.strip().lower() not in ("bf16", "fp16"):
+        raise ValueError(
+            f'half_precision={v!r}: give "bf16" or "fp16", what the dashboard\'s m switches '
+            "the forward to from fp32 (fp16 with a GradScaler the run keeps)"
+        )
+    v = v.strip().lower()
+    if start is None:
+        raise ValueError(
+            f'half_precision="{v}" names where the precision lever goes: give the lever '
+            'too, precision="fp32" (the precision the forward starts at)'
+        )
+    if start != "fp32" and start != v:
+        raise ValueError(
+            f'precision="{start}" with half_precision="{v}": a run switches between fp32 '
+            "and one half precision; start at fp32 or at the half precision you name"
+        )
+    return v
+
+
+def framework_half(where: str, run_kwargs: dict[str, Any], own: str) -> None:
+    """A framework steps its own optimizer, so a GradScaler of the run's would scale
+    gradients nothing unscales: fp16 as the lever's half precision is refused there."""
+    if str(run_kwargs.get("half_precision") or "").strip().lower() == "fp16":
+        raise ValueError(
+            f'{where}(half_precision="fp16"): fp16 needs the run\'s GradScaler at the '
+            f"optimizer step, which {own}; the precision lever switches to bf16 here (or "
+            "train in fp16 from the start with the framework's own mixed precision)"
+        )
 
 
 def blocks(v: Any) -> list | None:

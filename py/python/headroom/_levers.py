@@ -5,8 +5,9 @@ A script hands them to its run (``headroom.Run(checkpoint_blocks=model.blocks,
 precision="fp32")``); the dashboard's ``a`` and ``m`` (or a viewer's command) then switch
 them at a step boundary, and out of micro-batch sizes the run switches checkpointing on
 before it gives up. Checkpointing recomputes a block's activations in backward with the
-random state it had in forward, so nothing learned changes; bf16 is a change of what is
-computed, said as such.
+random state it had in forward, so nothing learned changes; bf16 and fp16 are a change of
+what is computed, said as such (fp16 with a GradScaler the run keeps while it is in force,
+``half_precision="fp16"``, for devices without bf16).
 """
 
 from __future__ import annotations
@@ -28,23 +29,35 @@ class Levers:
         precision: str | None = None,
         blocks: Iterable[torch.nn.Module] | None = None,
         switch: Callable[[bool], Any] | None = None,
+        half: str | None = None,
     ):
         # Checked by _args.run_arguments.
         self.device = device
-        self.precision = precision
+        self.precision = None
+        self.half = half
+        # While the precision is fp16: the GradScaler run.backward scales the loss with
+        # and run.step steps through (float16's range underflows small gradients).
+        self.scaler = None
+        self.set_precision(precision)
         self._blocks = None if blocks is None else list(blocks)
         self._switch = switch
         self.checkpointing = "none" if (self._blocks is not None or switch is not None) else None
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """The context the forward runs in: bf16 autocast when the precision is bf16."""
-        if self.precision == "bf16":
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        """The context the forward runs in: autocast to the half precision in force."""
+        dtype = _HALF.get(self.precision)
+        if dtype is not None:
+            return torch.autocast(device_type=self.device.type, dtype=dtype)
         return contextlib.nullcontext()
 
-    def set_precision(self, to: str) -> str:
-        """Switches the precision; what it was."""
+    def set_precision(self, to: str | None) -> str | None:
+        """Switches the precision (a step boundary: no scaled gradient is pending); what
+        it was. fp16 comes with a fresh GradScaler, any other precision drops it."""
         was, self.precision = self.precision, to
+        if to != "fp16":
+            self.scaler = None
+        elif self.scaler is None:
+            self.scaler = torch.amp.GradScaler(self.device.type)
         return was
 
     def set_checkpointing(self, to: str) -> str:
@@ -57,6 +70,9 @@ class Levers:
             _recomputed(block, every > 0 and i % every == 0)
         was, self.checkpointing = self.checkpointing, to
         return was
+
+
+_HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _recomputed(block: torch.nn.Module, on: bool) -> None:

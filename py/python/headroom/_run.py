@@ -117,6 +117,7 @@ class Run(StopSignals, JobRank):
         precision: str | None = None,
         checkpoint_blocks: Any = None,
         checkpointing: Callable[[bool], Any] | None = None,
+        half_precision: str | None = None,
     ):
         global _current
         # Every argument is checked before anything happens: a mistake finishes no
@@ -213,6 +214,7 @@ class Run(StopSignals, JobRank):
             job=job,
             checkpoints=a.on_checkpoint is not None,
             precision=a.precision,
+            half_precision=a.half_precision,
             checkpointing=(
                 "none" if (a.checkpoint_blocks or a.checkpointing) is not None else None
             ),
@@ -260,7 +262,7 @@ class Run(StopSignals, JobRank):
             adaptive=a.adaptive,
         )
         self._levers = _levers.Levers(
-            self.device, a.precision, a.checkpoint_blocks, a.checkpointing
+            self.device, a.precision, a.checkpoint_blocks, a.checkpointing, a.half_precision
         )
         self._say_batch_range(a.micro_batch, a.min_micro_batch, a.max_micro_batch)
 
@@ -508,6 +510,8 @@ class Run(StopSignals, JobRank):
             _torch.free_memory(self.device)
         if job is not None:
             job.sync_buffers(step)
+        # fp16 in force by the precision lever: the run's GradScaler (run.step uses it too).
+        scaler = scaler if scaler is not None else self._levers.scaler
         given_up = None
         try:
             with job.no_sync() if job is not None else contextlib.nullcontext():
@@ -638,6 +642,7 @@ class Run(StopSignals, JobRank):
             advice = _torch.optimizer_advice(optimizer)
             if advice:
                 self.notice(advice, level="warn")
+        scaler = scaler if scaler is not None else self._levers.scaler
         try:
             self._optimizer_step(optimizer, step, scaler)
         except BaseException as e:
@@ -1006,6 +1011,13 @@ class Run(StopSignals, JobRank):
             self._native.checkpoint_saved(self._step, os.fspath(path))
             return f"checkpoint of step {self._step} at {os.fspath(path)}"
         return f"not understood: {kind}"
+
+    @property
+    def scaler(self) -> Any:
+        """The GradScaler the run scales its loss with while its precision lever is at fp16
+        (``half_precision="fp16"``), else None. ``run.backward`` and ``run.step`` use it;
+        a loop that clips gradients unscales first: ``run.scaler.unscale_(optimizer)``."""
+        return self._levers.scaler
 
     def _switch_lever(self, lever: str, to: str, source: str) -> str:
         """Switches a lever the run holds, from the next micro-batch on; the answer."""

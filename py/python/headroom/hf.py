@@ -30,7 +30,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from accelerate.utils import DistributedType
 
-from . import _batch, _eval, _torch
+from . import _args, _batch, _eval, _torch
 from ._run import Run, RunError, _default_name
 
 __all__ = ["Watch", "adapt"]
@@ -307,6 +307,7 @@ def adapt(trainer: transformers.Trainer, **run_kwargs: Any) -> transformers.Trai
             "headroom.hf.adapt: the LOMO optimizers update the parameters inside backward, "
             "which cannot be split into micro-batches; use another optimizer"
         )
+    _args.framework_half("headroom.hf.adapt", run_kwargs, "the Trainer takes itself")
     cb = _Adaptive(**run_kwargs)
     cb.trainer = trainer
     trainer.add_callback(cb)

@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - depends on the environment
             "`import headroom` alone works without it"
         ) from e
 
-from . import _batch, _eval
+from . import _args, _batch, _eval
 from ._run import Run, RunError
 
 try:
@@ -130,6 +130,7 @@ class Adaptive(Watch):
     """
 
     def __init__(self, name=None, dirpath=None, effective_batch: int | None = None, **run_kwargs):
+        _args.framework_half("headroom.lightning.Adaptive", run_kwargs, "Lightning takes itself")
         super().__init__(name, dirpath, **run_kwargs)
         self._effective = effective_batch
 

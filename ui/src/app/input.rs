@@ -1,6 +1,6 @@
 //! What a key does: the state it changes on the screen, and the command it asks the
 //! run for (sent by the event loop, shown once the trainer confirms it).
-use headroom_core::config::{Checkpointing, Precision};
+use headroom_core::config::Checkpointing;
 use headroom_core::{Command, Level, RunStatus};
 
 use super::{App, Focus};
@@ -139,10 +139,7 @@ impl App {
             Action::FreeCache if self.takes_commands() => Reaction::Send(Command::FreeCache),
             Action::TogglePrecision if self.takes_commands() => match self.levers().precision {
                 Some(now) => Reaction::Send(Command::SetPrecision {
-                    precision: match now {
-                        Precision::Fp32 => Precision::Bf16,
-                        Precision::Bf16 => Precision::Fp32,
-                    },
+                    precision: self.levers().other_precision(now),
                 }),
                 None => self.not_the_runs("precision", "precision=\"fp32\""),
             },

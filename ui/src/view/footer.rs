@@ -6,7 +6,7 @@
 //! stopping or ended run takes no commands). All of them when they fit, else it leaves
 //! out keys in a fixed order (navigation before the run's controls). `?` is never left
 //! out: it lists everything.
-use headroom_core::RunStatus;
+use headroom_core::{Precision, RunStatus};
 use ratatui::layout::{Alignment, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
@@ -45,10 +45,13 @@ fn label_now(app: &App, key: &str, short: &'static str) -> Option<&'static str> 
     if key == "[ ]" && app.job.is_none() {
         return None;
     }
-    // Only the built-in trainer's run (whose config the run reports) has the levers.
-    let has_levers = app.info.as_ref().is_some_and(|i| i.config.is_some());
-    if matches!(key, "m" | "a") && !has_levers {
-        return None;
+    // Only a run that switches a lever itself (the built-in trainer, a Python run that
+    // handed its run precision= or checkpoint blocks) has its key.
+    let levers = app.levers();
+    match key {
+        "m" if levers.precision.is_none() => return None,
+        "a" if levers.checkpointing.is_none() => return None,
+        _ => {}
     }
     let commands = app.takes_commands();
     if app.mode.is_replay() {
@@ -76,14 +79,15 @@ fn label_now(app: &App, key: &str, short: &'static str) -> Option<&'static str> 
         "b" if commands && app.policy.pinned => Some("unpin"),
         "c" | "t" | "P" | "b" | "+/-" | "f" | "m" | "a" if !commands => None,
         // Named for where the key goes from here.
-        "m" | "a" => {
-            let levers = app.levers();
-            Some(match key {
-                "m" if levers.precision? == headroom_core::Precision::Bf16 => "fp32",
-                "a" if levers.checkpointing?.is_on() => "keep acts",
-                _ => short,
-            })
-        }
+        "m" | "a" => Some(match key {
+            "m" => match levers.other_precision(levers.precision?) {
+                Precision::Fp32 => "fp32",
+                Precision::Bf16 => "bf16",
+                Precision::Fp16 => "fp16",
+            },
+            "a" if levers.checkpointing?.is_on() => "keep acts",
+            _ => short,
+        }),
         "Esc" if !app.show_help && !app.show_events => None,
         "e" if app.show_events => Some("close events"),
         _ => Some(short),
