@@ -447,3 +447,30 @@ def test_a_switched_lever_lowers_the_next_steps_peak_and_says_by_how_much(tmp_pa
     # Eight blocks' activations of two 4,096-token sequences: about 100 MiB recomputed
     # (checkpointing) or halved (bf16) out of a step's peak.
     assert decision["freed_bytes"] > 32 << 20, decision
+
+
+@pytest.mark.parametrize("framework", ["hf", "lightning"])
+def test_checkpointing_switched_inside_a_framework_lowers_the_next_steps_peak(tmp_path, framework):
+    """The frameworks' checkpointing lever (an adapted Trainer's GPT-2 through its own
+    activation_checkpointing_enable, a Lightning fit's named blocks) switched at a step
+    boundary, as a viewer's command is: the lever decision's peak after is lower than
+    before at the same shape (py/bench/framework_levers.py, one row of its table)."""
+    pytest.importorskip("transformers" if framework == "hf" else "lightning")
+    log = tmp_path / "run.jsonl"
+    bench = HERE.parent / "bench" / "framework_levers.py"
+    p = subprocess.run(
+        [sys.executable, str(bench), framework, "checkpointing:blocks", str(log)],
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    [d] = [r["decision"] for r in kinds(log, "decision") if r["decision"]["decision"] == "lever"]
+    before, after = d["before"], d["after"]
+    assert (before["step"], after["step"]) == (2, 3), d
+    assert (before["micro_batch"], before["seq_len"]) == (after["micro_batch"], after["seq_len"])
+    assert d["freed_bytes"] == before["peak_bytes"] - after["peak_bytes"]
+    # Four GPT-2 layers' (two blocks') activations of 16 × 512 tokens: over a hundred MiB
+    # recomputed instead of held.
+    assert d["freed_bytes"] > 32 << 20, d
