@@ -42,7 +42,12 @@ fn plan_prints_every_lever_with_the_largest_micro_batch() {
 fn bad_plan_input_is_one_clear_error() {
     for (args, needle) in [
         (&["plan", "--batch-size", "0"][..], "--batch-size"),
-        (&["plan", "--precision", "fp16"][..], "fp32 or bf16"),
+        (&["plan", "--precision", "fp8"][..], "fp32, bf16 or fp16"),
+        // A Python run's half precision, not the built-in trainer's (no loss scaler).
+        (
+            &["plan", "--precision", "fp16"][..],
+            "fp16 needs a loss scaler",
+        ),
         (&["plan", "--memory-budget", "lots"][..], "--memory-budget"),
         (&["plan", "--device", "cuda:7"][..], "cuda"),
     ] {

@@ -151,6 +151,27 @@ def live_records(log: Path, kind: str | None = None) -> list[dict]:
     return [r for r in found if kind is None or r["kind"] == kind]
 
 
+class FailInBackward(torch.autograd.Function):
+    """Identity whose backward asks the allocator for the impossible when armed (the
+    rank scripts' injected OOMs): placed at the input side, the later layers' gradients
+    are already accumulated; at the output, none are."""
+
+    armed = False
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        if FailInBackward.armed:
+            FailInBackward.armed = False
+            from headroom import _torch
+
+            _torch.provoke_oom(g.device)
+        return g
+
+
 class TinyGPT(torch.nn.Module):
     """A small causal transformer over byte tokens."""
 

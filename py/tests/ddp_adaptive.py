@@ -17,25 +17,7 @@ import torch.distributed as dist
 import headroom
 from headroom import _native, _torch
 
-from conftest import TinyGPT, die_with_parent, say
-
-
-class _FailInBackward(torch.autograd.Function):
-    """Identity whose backward asks the allocator for the impossible when armed: placed
-    at the input side, the later layers' gradients are already accumulated."""
-
-    armed = False
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, g):
-        if _FailInBackward.armed:
-            _FailInBackward.armed = False
-            _torch.provoke_oom(g.device)
-        return g
+from conftest import FailInBackward, TinyGPT, die_with_parent, say
 
 
 def main() -> int:
@@ -105,8 +87,8 @@ def main() -> int:
             point == "backward-last" and last and state["done"] > 0
         ):
             state["fired"].append(step)
-            _FailInBackward.armed = True
-        inner.hook = _FailInBackward.apply
+            FailInBackward.armed = True
+        inner.hook = FailInBackward.apply
         logits = model(x)
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
         state["done"] += x.shape[0]

@@ -1,7 +1,8 @@
 """One rank of a torchrun job (test_torchrun.py): watches its own steps on its own
 stream (each report joins the job's agreement, so rank 0 serves every rank's row), holds
-until told, then tries adaptive mode with models it cannot make safe (refused: a model
-not wrapped in DDP, and FSDP2's fully_shard, whose forward runs collectives)."""
+until told, then tries adaptive mode with a model it cannot make safe (refused: one not
+wrapped in DDP nor sharded with FSDP2, and an FSDP2 unit below a plain module) and with
+FSDP2 given at its root (trained)."""
 
 from __future__ import annotations
 
@@ -53,9 +54,15 @@ def main() -> int:
     except Exception as e:  # an FSDP2 this torch cannot build on a CPU: nothing to refuse
         say(f"rank {rank} no fsdp: {type(e).__name__}: {e}")
     else:
+        # FSDP2 given at its root trains (its collectives gated); a unit below a model
+        # that is not one is refused, naming the root.
+        sharded_opt = torch.optim.SGD(sharded.parameters(), lr=0.1)
+        with headroom.Run("fsdp-adaptive", model=sharded, effective_batch=8) as run:
+            run.backward(cnn_batches(1, 8)[0], sharded.loss)
+            run.step(sharded_opt)
+        say(f"rank {rank} trained fsdp: {run.step_count} step")
         try:
-            with headroom.Run("fsdp-adaptive", model=sharded, effective_batch=8) as run:
-                run.backward(cnn_batches(1, 8)[0], sharded.loss)
+            headroom.Run("fsdp-inner", model=torch.nn.Sequential(sharded), effective_batch=8)
         except headroom.RunError as e:
             say(f"rank {rank} refused fsdp: {e}")
     dist.barrier()

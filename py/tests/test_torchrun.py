@@ -1,6 +1,7 @@
 """Under torchrun every rank serves its own stream, named by job and rank; `headroom ls`
 lists a job's ranks together; rank 0 of a watched job logs every rank's row; adaptive mode
-refuses what it cannot make safe (a model not in DDP, FSDP), never hangs."""
+refuses what it cannot make safe (a model neither in DDP nor sharded by FSDP2 at its
+root), never hangs."""
 
 from __future__ import annotations
 
@@ -60,5 +61,6 @@ def test_each_rank_serves_and_ls_groups_the_job(tmp_path, runtime_dir):
         assert f"rank {rank} refused plain: adaptive mode under a process group" in out, out
         assert "DistributedDataParallel" in out
         if f"rank {rank} no fsdp" not in out:
+            assert f"rank {rank} trained fsdp: 1 step" in out, out
             assert f"rank {rank} refused fsdp: adaptive mode under a process group" in out, out
-            assert "FSDP" in out
+            assert "give the Run that root" in out

@@ -16,11 +16,15 @@ any rank, a stop asked by a signal on any rank, a pause. Each rank sizes its own
 micro-batches with its own controller: the all-reduce sums gradients, not micro-batches,
 so ranks with less memory (or a tighter budget) simply split finer.
 
+FSDP2 runs collectives inside forward and backward, where no_sync() cannot help: there
+the micro-batch count is agreed and every collective is gated (``_fsdp``).
+
 Only torch.distributed's own machinery moves data between ranks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import socket
@@ -29,6 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from . import _fsdp
 
 # One record per rank, float64, in this order.
 FIELDS = (
@@ -98,26 +104,35 @@ def _is_ddp(model: Any) -> bool:
 
 
 def refuse_unsupported(model: Any, world: int) -> None:
-    """Adaptive mode under a process group is built for DDP: say what else gets."""
+    """Adaptive mode under a process group is built for DDP and FSDP2: say what else
+    gets."""
     from ._run import RunError
 
+    if _fsdp.is_fsdp2(model):
+        why = _fsdp.check(model)
+        if why is not None:
+            raise RunError(
+                f"adaptive mode under a process group of {world} ranks with FSDP2: {why}; "
+                "watch the run with run.report(loss) (create the Run without effective_batch=)"
+            )
+        return
     for m in model.modules() if isinstance(model, torch.nn.Module) else ():
         kind = type(m).__name__
-        if kind.startswith("FSDP") or kind == "FullyShardedDataParallel":
+        if kind == "FullyShardedDataParallel" or kind.startswith("FSDP"):
             raise RunError(
-                f"adaptive mode under a process group of {world} ranks with FSDP ({kind}): "
-                "FSDP's forward runs collectives too (its all-gathers), so ranks that split "
-                "a batch into different numbers of micro-batches would wait on each other "
-                "(a deadlock); headroom's adaptive mode supports DDP. Watch an FSDP run with "
-                "run.report(loss) (create the Run without effective_batch=), or wrap the "
-                "model in DistributedDataParallel"
+                f"adaptive mode under a process group of {world} ranks with FSDP1 ({kind}) or "
+                "an FSDP2 unit below the model given: headroom gates FSDP2's collectives "
+                "(torch.distributed.fsdp.fully_shard), each unit's and the root's; apply "
+                "fully_shard to the blocks and then to the whole model, and give the Run "
+                "that root. Or watch the run with run.report(loss)"
             )
     if not _is_ddp(model):
         raise RunError(
             f"adaptive mode under a process group of {world} ranks needs the model wrapped "
             "in torch.nn.parallel.DistributedDataParallel (headroom runs its micro-batches "
             "under no_sync() and all-reduces the gradients once per step through DDP's "
-            f"process group); got {type(model).__name__}"
+            "process group) or sharded with FSDP2's fully_shard (headroom gates its "
+            f"collectives); got {type(model).__name__}"
         )
 
 
@@ -166,6 +181,12 @@ class Job:
         # nothing interleaves with the user's collectives.
         self.grad_group = self.ddp.process_group if self.ddp is not None else None
         self.meta = dist.new_group(backend="gloo")
+        # FSDP2: every unit's collectives behind a gate, on a gloo group of their own.
+        self.fsdp = model if run._adaptive and _fsdp.is_fsdp2(model) else None
+        self.gates = None
+        if self.fsdp is not None:
+            self.gates = _fsdp.Gates(dist, dist.new_group(backend="gloo"))
+            self.units = _fsdp.install(model, self.gates)
         self.params = params
         self.reducer = GradReducer(params, self.grad_group, self.world) if self.ddp else None
         hosts: list[Any] = [None] * self.world
@@ -370,7 +391,10 @@ class Job:
         """Every micro-batch's backward stays local: no collective can be left half done
         by an out-of-memory error. DDP's own buffer broadcast in forward is taken over by
         :meth:`sync_buffers` (once per step, before any micro-batch), so retried forwards
-        never make a rank enter a broadcast the others do not."""
+        never make a rank enter a broadcast the others do not. (FSDP2's collectives are
+        gated instead: the sharded accumulation sets its own sync.)"""
+        if self.ddp is None:
+            return contextlib.nullcontext()
         self.ddp.require_forward_param_sync = False
         return self.ddp.no_sync()
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import contextlib
 import math
 
-from . import _dist, _torch
+import torch
+
+from . import _args, _dist, _fsdp, _torch
 from ._signals import dropped
 
 # run.backward's answer to run.step when a torchrun job gave the step up (a stop).
@@ -44,7 +46,16 @@ class JobRank:
 
     def _say_job(self, world: int) -> None:
         job = self._job
-        if self._adaptive:
+        if self._adaptive and job.fsdp is not None:
+            text = (
+                f"torchrun job {job.job_id}: rank {job.rank} of {world}, FSDP2 with "
+                f"{job.units} units; effective_batch {self._effective} is per rank, so the "
+                f"global batch is {self._effective * world} samples per step. The ranks agree "
+                "on each step's number of micro-batches (the largest any rank needs), every "
+                "all-gather and reduce-scatter waits behind a gate, and an out-of-memory error "
+                "on any rank has every rank redo the step"
+            )
+        elif self._adaptive:
             text = (
                 f"torchrun job {job.job_id}: rank {job.rank} of {world}; effective_batch "
                 f"{self._effective} is per rank, so the global batch is {self._effective * world} "
@@ -140,3 +151,95 @@ class JobRank:
         finally:
             self._in_poll = False
             self._handle_pending_signals()
+
+    # ---- FSDP2: the same micro-batches on every rank, every collective gated ------------
+
+    def _accumulate_sharded(
+        self, batch, loss_fn, cut, n: int, seq: int, step: int, mb: int, reduction, backward, scaler
+    ):
+        """One step's micro-batches under FSDP2: as many on every rank (the ranks agree on
+        the count), an out-of-memory error on any rank ending the attempt on every rank
+        (the gates), FSDP reset, the gradients dropped and the step's samples run again
+        from the first at the new count. Returns the weighted loss, the micro-batch and
+        the memory predicted for it; a rank's failure is raised on it (and said to the
+        others at the agreement)."""
+        from ._run import OutOfMemory
+
+        job = self._job
+        gates = job.gates
+        model = job.fsdp
+        while True:
+            count = gates.count(-(-n // mb))
+            if count == 0:
+                # A rank gave up (one sample does not fit it): the agreement says which.
+                self._job_agreed(step, job.agree(step, _dist.OK))
+                raise _dist.RankFailed(
+                    f"step {step}: another rank of the job gave up; rank {job.rank} ends too"
+                )
+            sizes = [n // count + (i < n % count) for i in range(count)]
+            mb = max(sizes)
+            predicted = self._native.predicted_bytes(mb, seq)
+            self._meter.reset()
+            total = torch.zeros((), device=self.device)
+            status, failed = _fsdp.RUNNING, None
+            try:
+                start = 0
+                for i, size in enumerate(sizes):
+                    _fsdp.set_sync(model, i == count - 1)
+                    end = start + size
+                    with self._levers.autocast():
+                        loss = loss_fn(cut(batch, start, end))
+                    _args.micro_batch_loss(loss, step, start, end)
+                    weight = size / n if reduction == "mean" else 1.0
+                    _torch.backward_of(loss * weight, backward, scaler)
+                    total += loss.detach() * weight
+                    loss = None
+                    start = end
+            except _fsdp.PeerOutOfMemory:
+                status = _fsdp.OOM
+            except _fsdp.PeerFailed:
+                status = _fsdp.FAILED
+            except Exception as e:
+                loss = None
+                if not _torch.is_oom(e, capped=self._hard_limit):
+                    # Out of the step before the others: they leave at their next gate.
+                    gates.leave(_fsdp.FAILED)
+                    _fsdp.reset(model)
+                    raise
+                status = _fsdp.OOM
+                failed = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            worst = gates.leave(status)
+            if worst == _fsdp.RUNNING:
+                return total, mb, predicted
+            _fsdp.reset(model)
+            self._clear_grads()
+            _torch.free_memory(self.device)
+            if worst == _fsdp.FAILED:
+                # The failing rank says who and why at the agreement, where this rank ends.
+                return total, mb, predicted
+            if failed is None:
+                self._native.notice_text(
+                    f"step {step}: another rank of the job ran out of memory; every rank redoes "
+                    f"the step's samples",
+                    level="warn",
+                    source="job",
+                )
+                continue
+            retry, _, last_resort = self._native.oom(step, mb, seq, failed)
+            self._snapshot_oom(step)
+            if last_resort:
+                self._switch_lever("checkpointing", "blocks", "controller")
+            if retry is None:
+                gates.count(0, give_up=True)
+                raise OutOfMemory(
+                    f"step {step} ran out of memory at micro-batch {mb} ({seq} tokens per "
+                    f"sample) repeatedly: {failed}; {self._save_on_give_up()}. Give the run "
+                    "more memory or make a sample smaller"
+                )
+            self._native.notice_text(
+                f"step {step}: out of memory on this rank at micro-batch {mb}; every rank of the "
+                f"job redoes the step's samples, this one at micro-batch {retry}",
+                level="warn",
+                source="job",
+            )
+            mb = retry

@@ -514,10 +514,15 @@ class Run(StopSignals, JobRank):
         scaler = scaler if scaler is not None else self._levers.scaler
         given_up = None
         try:
-            with job.no_sync() if job is not None else contextlib.nullcontext():
-                total, mb, predicted = self._accumulate(
+            if job is not None and job.fsdp is not None:
+                total, mb, predicted = self._accumulate_sharded(
                     batch, loss_fn, cut, n, seq, step, mb, reduction, backward, scaler
                 )
+            else:
+                with job.no_sync() if job is not None else contextlib.nullcontext():
+                    total, mb, predicted = self._accumulate(
+                        batch, loss_fn, cut, n, seq, step, mb, reduction, backward, scaler
+                    )
             value = float(total)
             if not math.isfinite(value):
                 raise LossError(

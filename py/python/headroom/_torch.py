@@ -135,10 +135,15 @@ class PeakMeter:
 
 
 def tensor_bytes(tensors, seen: set[int] | None = None) -> int:
-    """Bytes of `tensors`, each storage counted once (across calls sharing `seen`)."""
+    """Bytes of `tensors` this process holds (a DTensor's local shard: FSDP2's parameters,
+    gradients and optimizer state), each storage counted once (across calls sharing
+    `seen`)."""
     seen = set() if seen is None else seen
     total = 0
     for t in tensors:
+        to_local = getattr(t, "to_local", None)
+        if callable(to_local):
+            t = to_local()
         if not isinstance(t, torch.Tensor) or t.numel() == 0 or t.data_ptr() in seen:
             continue
         seen.add(t.data_ptr())

@@ -1,0 +1,210 @@
+"""FSDP2 (``fully_shard``) under adaptive micro-batching, without a deadlock.
+
+FSDP all-gathers each unit's parameters in forward and backward and reduce-scatters its
+gradients, so every rank must run the same collectives in the same order, and a rank that
+runs out of memory inside a unit would leave the others waiting in the next one. Three
+rules make that impossible:
+
+* **The same number of micro-batches on every rank.** At each step the ranks agree on
+  the count (the largest any rank's controller needs; a rank with fewer samples or more
+  memory splits its batch into as many, smaller, pieces). Sizes may differ per rank.
+* **A gate before every collective.** headroom hands each FSDP unit its own all-gather
+  and reduce-scatter (FSDP2's public ``set_custom_all_gather``/``set_custom_reduce_scatter``):
+  each allocates its buffer as FSDP's does, then, before the collective, every rank says
+  through one small all-reduce on headroom's own gloo group whether all is well. A rank
+  that ran out of memory (in a unit's compute, or allocating the next buffer) is by then
+  out of the step and answers every gate the others reach with "out of memory" until
+  each of them has left the step too: no rank ever enters a collective another will not.
+* **The step starts over on every rank.** Once every rank is out, FSDP's state is put back
+  to between steps (:func:`reset`), the step's gradients are dropped, the controller of
+  the rank that ran out shrinks, the ranks agree on the new count, and the step's samples
+  run again from the first: exact, at the cost of the micro-batches already done.
+
+Accumulation: gradient sync is off for all micro-batches but the last (each rank holds its
+units' unsharded gradients meanwhile; one reduce-scatter per unit per step, the traffic of
+a fixed-batch run). docs/PYTHON.md, "FSDP2".
+
+Only torch.distributed moves data between ranks. FSDP2's between-steps state is private to
+torch: :func:`check` refuses a torch whose FSDP2 lacks what :func:`reset` puts back.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+# What a gate carries: [worst status, whether any rank is still in the step].
+RUNNING, OOM, FAILED = 0.0, 1.0, 2.0
+
+
+class PeerOutOfMemory(RuntimeError):
+    """Another rank ran out of memory mid-step: this rank leaves the step to redo it."""
+
+
+class PeerFailed(RuntimeError):
+    """Another rank failed mid-step (not out of memory): the agreement says which, why."""
+
+
+def fsdp_module_type():
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without FSDP2
+        return None
+    return FSDPModule
+
+
+def is_fsdp2(model: Any) -> bool:
+    cls = fsdp_module_type()
+    return cls is not None and isinstance(model, cls)
+
+
+def units(model: torch.nn.Module) -> list[Any]:
+    cls = fsdp_module_type()
+    return [m for m in model.modules() if isinstance(m, cls)]
+
+
+def check(model: Any) -> str | None:
+    """Why this FSDP2 model cannot be run adaptively (None: it can)."""
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+        from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+    except ImportError as e:
+        return f"this torch's FSDP2 has no custom collectives ({e})"
+    del AllGather, ReduceScatter, TrainingState
+    state = model._get_fsdp_state()
+    ctx = getattr(state, "_state_ctx", None)
+    if ctx is None or not hasattr(ctx, "all_states") or not hasattr(state, "_fsdp_param_group"):
+        return (
+            f"torch {torch.__version__}'s FSDP2 keeps its step state where headroom cannot reset it"
+        )
+    return None
+
+
+class Gates:
+    """The agreement before each of FSDP's collectives, on headroom's own gloo group."""
+
+    def __init__(self, dist, group):
+        self.dist = dist
+        self.group = group
+        self.passed = 0
+        self.us = 0.0
+
+    def _round(self, status: float, running: float) -> tuple[float, float]:
+        t = torch.tensor([status, running], dtype=torch.float64)
+        t0 = time.perf_counter()
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX, group=self.group)
+        self.us += (time.perf_counter() - t0) * 1e6
+        return float(t[0]), float(t[1])
+
+    def gate(self) -> None:
+        """Before a collective: every rank is here, or one is out of the step."""
+        status, _ = self._round(RUNNING, 1.0)
+        self.passed += 1
+        if status == OOM:
+            raise PeerOutOfMemory("another rank ran out of memory in this step")
+        if status == FAILED:
+            raise PeerFailed("another rank failed in this step")
+
+    def leave(self, status: float) -> float:
+        """This rank is out of the step (`status`: RUNNING when it completed it): answers
+        the others' gates until every rank is out; the worst status any rank left with."""
+        worst = status
+        while True:
+            got, running = self._round(status, 0.0)
+            worst = max(worst, got)
+            status = max(status, got)
+            if running == 0.0:
+                return worst
+
+    def count(self, wanted: int, give_up: bool = False) -> int:
+        """The step's micro-batch count every rank runs: the largest any wants; 0 when a
+        rank gives up (it cannot fit one sample)."""
+        t = torch.tensor([float(wanted), 1.0 if give_up else 0.0], dtype=torch.float64)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX, group=self.group)
+        return 0 if t[1] > 0 else int(t[0])
+
+
+def _comms(gates: Gates):
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+
+    class GatedAllGather(AllGather):
+        """FSDP's own all-gather, its buffer allocated first, behind a gate."""
+
+        def allocate(self, size, *, dtype, device):
+            return torch.empty(*size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            gates.gate()
+            return gates.dist.all_gather_into_tensor(
+                output_tensor, input_tensor, group=group, async_op=async_op
+            )
+
+    class GatedReduceScatter(ReduceScatter):
+        """FSDP's own reduce-scatter, its buffer allocated first, behind a gate."""
+
+        def allocate(self, size, *, dtype, device):
+            return torch.empty(*size, dtype=dtype, device=device)
+
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            gates.gate()
+            return gates.dist.reduce_scatter_tensor(
+                output=output_tensor, input=input_tensor, group=group, op=op, async_op=async_op
+            )
+
+    return GatedAllGather(), GatedReduceScatter()
+
+
+def install(model: torch.nn.Module, gates: Gates) -> int:
+    """Every FSDP unit of `model` collects through the gates; the number of units."""
+    found = units(model)
+    for unit in found:
+        all_gather, reduce_scatter = _comms(gates)
+        unit.set_custom_all_gather(all_gather)
+        unit.set_custom_reduce_scatter(reduce_scatter)
+    return len(found)
+
+
+def set_sync(model: torch.nn.Module, on: bool) -> None:
+    """Gradient reduce-scatter in this micro-batch's backward (the last one) or not."""
+    model.set_requires_gradient_sync(on)
+
+
+def reset(model: torch.nn.Module) -> None:
+    """FSDP's state back to between steps after an exception left a forward or backward
+    half run: no pending all-gather or reduce-scatter, every unit resharded, no
+    unsharded gradient accumulated, the next forward the start of an iteration."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+
+    root = model._get_fsdp_state()
+    ctx = root._state_ctx
+    for state in ctx.all_states:
+        group = state._fsdp_param_group
+        if group is not None:
+            for name in (
+                "_all_gather_result",
+                "_partial_reduce_output",
+                "_all_reduce_state",
+                "_post_reduce_event",
+            ):
+                if hasattr(group, name):
+                    setattr(group, name, None)
+            for p in group.fsdp_params:
+                p.unsharded_accumulated_grad = None
+                unsharded = getattr(p, "_unsharded_param", None)
+                if unsharded is not None:
+                    unsharded.grad = None
+            group._training_state = TrainingState.IDLE
+            group.reshard()
+        state._training_state = TrainingState.IDLE
+    ctx.iter_forward_root = None
+    ctx.post_backward_final_callback_queued = False
+    ctx.is_last_backward = True
+    comm = getattr(root, "_comm_ctx", None)
+    if comm is not None:
+        comm.all_gather_state = None
+        comm.reduce_scatter_state = None
+        if hasattr(comm, "post_forward_order"):
+            comm.post_forward_order.clear()
+    set_sync(model, True)
