@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -17,7 +18,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
 import headroom
-from headroom import _torch
+from headroom import _native, _torch
 
 from conftest import FailInBackward, TinyGPT, die_with_parent, say
 
@@ -37,6 +38,14 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=16)
     ap.add_argument("--width", type=int, default=32)
     ap.add_argument("--out", required=True, help="a directory for params and logs")
+    ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds to idle per step")
+    ap.add_argument("--budget-rank", type=int, default=-1, help="the rank given a hard cap")
+    ap.add_argument(
+        "--budget-extra-mib", type=int, default=0, help="its cap: what it holds plus this"
+    )
+    ap.add_argument(
+        "--checkpoint", action="store_true", help="on_checkpoint saves the sharded state (DCP)"
+    )
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -102,8 +111,21 @@ def main() -> int:
         state["fired"].append(state["step"])
         _torch.provoke_oom(t.device)
 
+    def on_checkpoint(step):
+        # Collective: every rank saves its shards at the same step (the job agrees on it).
+        import torch.distributed.checkpoint as dcp
+
+        path = out / f"ckpt-step{step}"
+        dcp.save({"model": model.state_dict()}, checkpoint_id=str(path))
+        return path
+
+    capped = rank == args.budget_rank and args.budget_extra_mib > 0
+    budget = (_native.rss() + (args.budget_extra_mib << 20)) if capped else None
     with headroom.Run(
         "fsdp",
+        memory_budget=None if budget is None else str(budget),
+        hard_limit=bool(capped),
+        on_checkpoint=on_checkpoint if args.checkpoint else None,
         model=model,
         effective_batch=args.per_rank,
         micro_batch=args.micro,
@@ -121,6 +143,7 @@ def main() -> int:
                 torch.Tensor.clone = failing_clone
             run.step(opt)
             torch.Tensor.clone = real_clone
+            time.sleep(args.step_sleep)
         steps_done = run.step_count
         gates = run._job.gates
     full = {n: p.full_tensor() for n, p in model.named_parameters()}

@@ -8,12 +8,15 @@ on the global batch."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 
 import pytest
 import torch
-from test_ddp import TOL, reference
+from test_ddp import TOL, _pids, _wait_for_steps, reference
 
-from conftest import TinyGPT, assert_params_close, finish, kinds, torchrun
+from conftest import TinyGPT, assert_params_close, finish, kinds, torchrun, wait
 
 pytest.importorskip("torch.distributed.fsdp")
 
@@ -70,3 +73,107 @@ def test_ooms_on_one_rank_at_every_point_are_recovered_by_every_rank(tmp_path, w
     assert len({tuple(c) for c in counts.values()}) == 1, counts
     got = torch.load(tmp_path / "params.pt")
     assert_params_close(got, reference(steps, per_rank * world), TOL)
+
+
+def test_a_rank_killed_mid_run_ends_the_job_and_the_others_name_it(tmp_path):
+    """kill -9 of a rank under FSDP2: the others, at a gate or inside a collective, see
+    its connection close and end as failed naming it, well before torchrun's 30 s."""
+    job = torchrun(
+        2, "fsdp_adaptive.py", "--steps", "100000", "--per-rank", "8", "--out", str(tmp_path)
+    )
+    try:
+        pids = _pids(job, 2)
+        _wait_for_steps(tmp_path / "rank0.jsonl", 3, job)
+        t0 = time.monotonic()
+        os.kill(pids[1], signal.SIGKILL)
+        wait(job, 60)
+        ended = time.monotonic() - t0
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode != 0
+    assert ended < 30, f"torchrun took {ended:.1f} s to end the job"
+    failed = kinds(tmp_path / "rank0.jsonl", "failed")
+    assert failed, "rank 0's run did not end as failed"
+    assert "rank 1" in failed[0]["reason"], failed
+
+
+def test_sigterm_to_torchrun_saves_every_ranks_shards_at_one_step(tmp_path):
+    """SIGTERM to torchrun: the job agrees on a step, every rank's on_checkpoint saves its
+    shards there (torch.distributed.checkpoint, a collective), each run finishes as
+    stopped, and the checkpoint loads into an unsharded model in one process."""
+    import torch.distributed.checkpoint as dcp
+
+    job = torchrun(
+        2,
+        "fsdp_adaptive.py",
+        "--steps",
+        "100000",
+        "--per-rank",
+        "8",
+        "--step-sleep",
+        "0.1",
+        "--checkpoint",
+        "--out",
+        str(tmp_path),
+    )
+    try:
+        _pids(job, 2)
+        _wait_for_steps(tmp_path / "rank1.jsonl", 3, job)
+        job.send_signal(signal.SIGTERM)
+        wait(job, 60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    steps = []
+    for r in range(2):
+        done = json.loads((tmp_path / f"done-rank{r}.json").read_text())
+        finished = kinds(tmp_path / f"rank{r}.jsonl", "finished")
+        assert finished and finished[0]["stopped_by_user"], (r, finished)
+        saved = kinds(tmp_path / f"rank{r}.jsonl", "checkpoint_saved")
+        assert [c["step"] for c in saved] == [done["steps"]], saved
+        steps.append(done["steps"])
+    assert steps[0] == steps[1], f"the ranks stopped at different steps: {steps}"
+    model = TinyGPT()
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(tmp_path / f"ckpt-step{steps[0]}"))
+    model.load_state_dict(state["model"])
+    got = torch.load(tmp_path / "params.pt")
+    assert_params_close(dict(model.named_parameters()), got, 0.0)
+
+
+def test_a_rank_under_a_real_cap_sets_every_ranks_count_and_the_job_trains(tmp_path):
+    """Rank 1 alone under a real hard cap: it runs out of memory for real (every rank
+    redoes those steps), settles under target, every rank runs its count of micro-batches,
+    and the job's parameters stay exact."""
+    steps, per_rank, seq, width = 6, 128, 128, 64
+    job = torchrun(
+        2,
+        "fsdp_adaptive.py",
+        "--steps",
+        str(steps),
+        "--per-rank",
+        str(per_rank),
+        "--micro",
+        str(per_rank),
+        "--seq",
+        str(seq),
+        "--width",
+        str(width),
+        "--budget-rank",
+        "1",
+        "--budget-extra-mib",
+        "160",
+        "--out",
+        str(tmp_path),
+    )
+    finish(job)
+    capped, free = tmp_path / "rank1.jsonl", tmp_path / "rank0.jsonl"
+    assert kinds(capped, "oom"), "the cap never bit"
+    assert not kinds(free, "oom")
+    assert kinds(capped, "step_memory")[-1]["usage"] < 0.95, kinds(capped, "step_memory")[-1]
+    # The capped rank's need is every rank's count.
+    counts = [[s["accum_steps"] for s in kinds(log, "step")] for log in (free, capped)]
+    assert counts[0] == counts[1] and counts[0][-1] > 1, counts
+    got = torch.load(tmp_path / "params.pt")
+    assert_params_close(got, reference(steps, per_rank * 2, seq, width), TOL)

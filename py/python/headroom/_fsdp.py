@@ -47,6 +47,16 @@ class PeerFailed(RuntimeError):
     """Another rank failed mid-step (not out of memory): the agreement says which, why."""
 
 
+def is_comm_error(e: BaseException) -> bool:
+    """A collective failed under this rank (a peer died: gloo sees its connection close)."""
+    import torch.distributed as dist
+
+    if isinstance(e, getattr(dist, "DistError", ())):
+        return True
+    text = str(e)
+    return isinstance(e, RuntimeError) and ("gloo" in text or "Connection" in text)
+
+
 def fsdp_module_type():
     try:
         from torch.distributed.fsdp import FSDPModule

@@ -169,7 +169,7 @@ class JobRank:
         gates = job.gates
         model = job.fsdp
         while True:
-            count = gates.count(-(-n // mb))
+            count = self._gated(step, gates.count, -(-n // mb))
             if count == 0:
                 # A rank gave up (one sample does not fit it): the agreement says which.
                 self._job_agreed(step, job.agree(step, _dist.OK))
@@ -201,14 +201,17 @@ class JobRank:
                 status = _fsdp.FAILED
             except Exception as e:
                 loss = None
+                if _fsdp.is_comm_error(e):
+                    # A peer is gone (died, or failed outside headroom): name it.
+                    raise job._peer_lost(step, job.agreements, e) from e
                 if not _torch.is_oom(e, capped=self._hard_limit):
                     # Out of the step before the others: they leave at their next gate.
-                    gates.leave(_fsdp.FAILED)
+                    self._gated(step, gates.leave, _fsdp.FAILED)
                     _fsdp.reset(model)
                     raise
                 status = _fsdp.OOM
                 failed = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            worst = gates.leave(status)
+            worst = self._gated(step, gates.leave, status)
             if worst == _fsdp.RUNNING:
                 return total, mb, predicted
             _fsdp.reset(model)
@@ -230,7 +233,7 @@ class JobRank:
             if last_resort:
                 self._switch_lever("checkpointing", "blocks", "controller")
             if retry is None:
-                gates.count(0, give_up=True)
+                self._gated(step, gates.count, 0, True)
                 raise OutOfMemory(
                     f"step {step} ran out of memory at micro-batch {mb} ({seq} tokens per "
                     f"sample) repeatedly: {failed}; {self._save_on_give_up()}. Give the run "
@@ -243,3 +246,13 @@ class JobRank:
                 source="job",
             )
             mb = retry
+
+    def _gated(self, step: int, fn, *args):
+        """One of the gates' collectives; a peer gone under it (gloo sees its connection
+        close) ends this rank naming it, as the agreement does."""
+        try:
+            return fn(*args)
+        except Exception as e:
+            if _fsdp.is_comm_error(e):
+                raise self._job._peer_lost(step, self._job.agreements, e) from e
+            raise
