@@ -48,8 +48,8 @@ import headroom  # noqa: E402
 from headroom import _fsdp, _native  # noqa: E402
 
 
-def sharded(seed: int):
-    model = make_model(seed)
+def sharded(seed: int, layers: int, width: int):
+    model = make_model(seed, n_layer=layers, n_embd=width)
     for block in model.blocks:
         fully_shard(block)
     fully_shard(model)
@@ -63,11 +63,13 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6, help="steps per round")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--width", type=int, default=128)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    plain_model, gated_model = sharded(0), sharded(0)
+    plain_model, gated_model = (sharded(0, args.layers, args.width) for _ in range(2))
     plain_opt = torch.optim.AdamW(plain_model.parameters(), lr=3e-4)
     gated_opt = torch.optim.AdamW(gated_model.parameters(), lr=3e-4)
     # Cycled: the warm-up, every mode's rounds and the peaks' steps draw from it.
@@ -137,6 +139,13 @@ def main() -> int:
     for _ in range(reps):
         gates.gate()
     bare_us = (time.perf_counter() - t) / reps * 1e6
+    # The machine's floor: the same all-reduce without headroom around it.
+    flag = torch.zeros(2, dtype=torch.float64)
+    dist.barrier()
+    t = time.perf_counter()
+    for _ in range(reps):
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=gates.group)
+    floor_us = (time.perf_counter() - t) / reps * 1e6
     run.finish()
     # The accumulation choices' peaks, on the plain model (each measured twice, the last
     # counted: the first warms the heap).
@@ -169,7 +178,8 @@ def main() -> int:
             f"  gates: {per_step:.0f} per step ({per_step / micro:.1f} per micro-batch, "
             f"{per_step / micro / units:.2f} per unit and micro-batch); {seen_us:.0f} us each "
             f"as the job saw it (waiting for the slowest rank included), {bare_us:.0f} us as "
-            f"a bare gate; {per_step * bare_us / 1e3:.1f} ms of bare gates per step"
+            f"a bare gate ({floor_us:.0f} us the same gloo all-reduce alone); "
+            f"{per_step * bare_us / 1e3:.1f} ms of bare gates per step"
         )
         print(
             f"  plain accumulation peaks above the step's start: reduce-scatter on the last "
