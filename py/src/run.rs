@@ -120,7 +120,8 @@ impl NativeRun {
         effective_batch, micro_batch, log=None, listen=None, sample_hz=4.0,
         cuda_index=None, device_total=None, allocator=None, memory_budget=None,
         hard_limit=false, thresholds=None, profile=None, adaptive=false, job=None,
-        checkpoints=false, precision=None, checkpointing=None, half_precision=None
+        checkpoints=false, precision=None, checkpointing=None, half_precision=None,
+        last_resort=true
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -149,6 +150,7 @@ impl NativeRun {
         precision: Option<String>,
         checkpointing: Option<String>,
         half_precision: Option<String>,
+        last_resort: bool,
     ) -> PyResult<NativeRun> {
         // The levers this run switches itself (precision: its run.backward's autocast;
         // checkpointing: the blocks it names), as they are at the start.
@@ -238,8 +240,9 @@ impl NativeRun {
             effective_batch,
             total_steps,
         );
-        // Out of micro-batch sizes, a checkpointing lever goes on before the run gives up.
-        session.set_levers(precision, checkpointing, true);
+        // Out of micro-batch sizes, a checkpointing lever goes on before the run gives up
+        // (not under FSDP2: one rank's switch would change its collectives).
+        session.set_levers(precision, checkpointing, last_resort);
         if let Some(half) = half {
             session.set_half_precision(half);
         }

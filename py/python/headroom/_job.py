@@ -228,10 +228,10 @@ class JobRank:
                     source="job",
                 )
                 continue
-            retry, _, last_resort = self._native.oom(step, mb, seq, failed)
+            # No last resort here (the run was opened without it): one rank's switch of
+            # checkpointing would change its collectives.
+            retry, _, _ = self._native.oom(step, mb, seq, failed)
             self._snapshot_oom(step)
-            if last_resort:
-                self._switch_lever("checkpointing", "blocks", "controller")
             if retry is None:
                 self._gated(step, gates.count, 0, True)
                 raise OutOfMemory(

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _args, _batch, _dist, _eval, _job, _levers, _native, _torch
+from . import _args, _batch, _dist, _eval, _fsdp, _job, _levers, _native, _torch
 from ._job import JobRank
 from ._signals import StopSignals
 
@@ -215,6 +215,10 @@ class Run(StopSignals, JobRank):
             checkpoints=a.on_checkpoint is not None,
             precision=a.precision,
             half_precision=a.half_precision,
+            # Under FSDP2 a recomputed unit's forward runs inside backward: one rank's
+            # switch would change its collectives, so only a command (every rank at one
+            # step) switches checkpointing there.
+            last_resort=not (job is not None and _fsdp.is_fsdp2(model)),
             checkpointing=(
                 "none" if (a.checkpoint_blocks or a.checkpointing) is not None else None
             ),
