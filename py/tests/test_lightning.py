@@ -192,3 +192,26 @@ def test_the_adaptive_module_under_torchrun_learns_what_one_process_with_the_glo
     got = TinyAdaptive()
     got.load_state_dict(torch.load(tmp_path / "params.pt"))
     assert_params_close(got, ref, TOL)
+
+
+def test_the_adaptive_module_under_fsdp2_learns_what_one_process_with_the_global_batch_does(
+    tmp_path,
+):
+    """Two ranks of ModelParallelStrategy (FSDP2 in configure_model, gloo): the run gates
+    the module's FSDP root; rank 1 runs out of memory twice inside the root's forward and
+    every rank redoes those steps; the gathered parameters equal a single fixed-batch
+    fit's on the global batches."""
+    job = torchrun(2, "lightning_fsdp.py", "--out", str(tmp_path))
+    finish(job, timeout=300)
+    torch.manual_seed(0)
+    ref = FixedGPT()
+    trainer(tmp_path / "ref").fit(ref, loader(4, 16))
+    for r in range(2):
+        assert json.loads((tmp_path / f"done-rank{r}.json").read_text())["steps"] == 4
+        log = tmp_path / f"rank{r}.jsonl"
+        assert len(kinds(log, "oom")) == (2 if r == 1 else 0), kinds(log, "oom")
+        texts = [n["text"] for n in kinds(log, "notice")]
+        assert any("FSDP2 with" in t for t in texts), texts
+    got = TinyAdaptive()
+    got.load_state_dict(torch.load(tmp_path / "params.pt"))
+    assert_params_close(got, ref, TOL)

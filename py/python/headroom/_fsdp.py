@@ -75,6 +75,27 @@ def units(model: torch.nn.Module) -> list[Any]:
     return [m for m in model.modules() if isinstance(m, cls)]
 
 
+def outermost(module: torch.nn.Module) -> Any:
+    """The FSDP2 root of `module`: itself when sharded at its top, else the one outermost
+    FSDP unit below it holding every trainable parameter (a LightningModule whose
+    ``configure_model`` sharded ``self.net``); None when there is no such unit."""
+    cls = fsdp_module_type()
+    if cls is None:
+        return None
+    if isinstance(module, cls):
+        return module
+    tops = []
+    for name, m in module.named_modules():
+        if isinstance(m, cls) and not any(name.startswith(t + ".") for t, _ in tops):
+            tops.append((name, m))
+    if len(tops) != 1:
+        return None
+    held = {id(p) for p in tops[0][1].parameters()}
+    if all(id(p) in held for p in module.parameters() if p.requires_grad):
+        return tops[0][1]
+    return None
+
+
 def check(model: Any) -> str | None:
     """Why this FSDP2 model cannot be run adaptively (None: it can)."""
     try:

@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - depends on the environment
             "`import headroom` alone works without it"
         ) from e
 
-from . import _args, _batch, _eval
+from . import _args, _batch, _eval, _fsdp
 from ._run import Run, RunError
 
 try:
@@ -149,8 +149,15 @@ class Adaptive(Watch):
             )
         # Under torchrun the run joins the job through the strategy's DDP wrapper: every
         # micro-batch under its no_sync (so manual_backward arms no reducer), the gradients
-        # averaged once per batch after the ranks agree; FSDP and DeepSpeed are refused.
+        # averaged once per batch after the ranks agree. Under ModelParallelStrategy (FSDP2)
+        # it joins with the module's FSDP root; FSDPStrategy (FSDP1) and DeepSpeed are
+        # refused.
         model = trainer.strategy.model if trainer.world_size > 1 else pl_module
+        root = _fsdp.outermost(pl_module) if trainer.world_size > 1 else None
+        if root is not None:
+            # FSDP2 (ModelParallelStrategy's configure_model sharded the module, or a
+            # part holding all of it): the run gates that root's collectives.
+            model = root
         levers = {}
         hook = _checkpointing_hook(pl_module)
         if (
