@@ -119,6 +119,7 @@ def main() -> int:
         dcp.save({"model": model.state_dict()}, checkpoint_id=str(path))
         return path
 
+    groups_before = len(dist.distributed_c10d._world.pg_map)
     capped = rank == args.budget_rank and args.budget_extra_mib > 0
     budget = (_native.rss() + (args.budget_extra_mib << 20)) if capped else None
     with headroom.Run(
@@ -149,12 +150,20 @@ def main() -> int:
     full = {n: p.full_tensor() for n, p in model.named_parameters()}
     if rank == 0:
         torch.save(full, out / "params.pt")
+    # The run has ended: its groups are gone and FSDP collects ungated (a forward after
+    # training, as an evaluation or an export would).
+    gated = gates.passed
+    with torch.no_grad():
+        model(next(iter(batches()))[0][:2])
     (out / f"done-rank{rank}.json").write_text(
         json.dumps(
             {
                 "steps": steps_done,
                 "fired": state["fired"],
-                "gates": gates.passed,
+                "gates": gated,
+                "gates_after_run": gates.passed - gated,
+                "groups_before": groups_before,
+                "groups_after": len(dist.distributed_c10d._world.pg_map),
                 "gate_us": gates.us,
             }
         )

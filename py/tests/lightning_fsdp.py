@@ -69,6 +69,8 @@ def main() -> int:
     if rank == 0:
         torch.save(full, out / "params.pt")
     (out / f"done-rank{rank}.json").write_text(json.dumps({"steps": trainer.global_step}))
+    # torch's documented shutdown; Lightning's own is an atexit hook, run during teardown.
+    torch.distributed.destroy_process_group()
     return 0
 
 

@@ -59,6 +59,9 @@ def test_ooms_on_one_rank_at_every_point_are_recovered_by_every_rank(tmp_path, w
             assert sum("another rank of the job ran out of memory" in t for t in texts) == 3
         # Every rank ran the same micro-batch count each step: the step records agree.
         assert done["gates"] > 0
+        # The run took its gloo groups with it, and a forward after it passed no gate.
+        assert done["groups_after"] == done["groups_before"], done
+        assert done["gates_after_run"] == 0, done
     # The controller counts what this rank holds: its shards of the parameters, their
     # gradients and SGD's momentum, a world-th of the model's.
     n_params = sum(p.numel() for p in TinyGPT().parameters())

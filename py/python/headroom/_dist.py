@@ -316,6 +316,17 @@ class Job:
             f"outside headroom; its own log and torchrun's output say why): {first}"
         )
 
+    def close(self) -> None:
+        """The run has ended on this rank: headroom's own groups go now, while the
+        interpreter is whole. A gloo group left to the interpreter's teardown can abort
+        the process as it exits (torch's gloo workers release their last work then),
+        after a run that did everything right."""
+        if self.gates is not None:
+            self.gates.close()
+        meta, self.meta = self.meta, None
+        if meta is not None:
+            self.dist.destroy_process_group(meta)
+
     def on_signal(self, name: str) -> None:
         """A stop signal reached this rank: the job stops at the next agreement. Marked
         in the job's store too, so ranks already waiting there know this one is alive."""

@@ -122,6 +122,13 @@ class Gates:
         self.passed = 0
         self.us = 0.0
 
+    def close(self) -> None:
+        """The run has ended: FSDP's collectives pass without a gate from now on (a
+        forward after training, an export), and the gates' group goes with the run."""
+        group, self.group = self.group, None
+        if group is not None:
+            self.dist.destroy_process_group(group)
+
     def _round(self, status: float, running: float) -> tuple[float, float]:
         t = torch.tensor([status, running], dtype=torch.float64)
         t0 = time.perf_counter()
@@ -131,6 +138,8 @@ class Gates:
 
     def gate(self) -> None:
         """Before a collective: every rank is here, or one is out of the step."""
+        if self.group is None:
+            return
         status, _ = self._round(RUNNING, 1.0)
         self.passed += 1
         if status == OOM:

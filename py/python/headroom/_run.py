@@ -943,6 +943,8 @@ class Run(StopSignals, JobRank):
         if getattr(self, "_oom_snapshot", False):
             torch.cuda.memory._record_memory_history(enabled=None)
         self._restore_signal_handlers()
+        if self._job is not None:
+            self._job.close()
         with _current_lock:
             if _current is self:
                 _current = None
