@@ -6,6 +6,7 @@
 //! in Python (`python/headroom/`); this crate never links libtorch.
 mod allocator;
 mod limit;
+mod reporter;
 mod run;
 
 use pyo3::prelude::*;

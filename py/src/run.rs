@@ -5,6 +5,7 @@
 //! carry it in `run.state_dict()` and a resume replay it) and says it all on the bus.
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -28,6 +29,7 @@ use pyo3::prelude::*;
 
 use crate::allocator::PyAllocator;
 use crate::limit::resolve_limit;
+use crate::reporter::{self, Limits, Loss, Peak, Report, Reporter, Shared};
 
 fn value_error(e: impl ToString) -> PyErr {
     PyValueError::new_err(e.to_string())
@@ -37,7 +39,13 @@ fn value_error(e: impl ToString) -> PyErr {
 /// commands Python carries out, by the id it confirms them with).
 #[pyclass(module = "headroom._native")]
 pub struct NativeRun {
-    session: Session,
+    /// Shared with the reporter thread, which records a watch-only run's steps.
+    session: Shared,
+    /// Started at a watch-only run's first `report()`.
+    reporter: Option<Reporter>,
+    /// A stop was asked (a command or a signal): what `report()` needs to know of the
+    /// session without taking its lock, which the reporter holds while it records.
+    stopping: bool,
     /// `None` once the run has ended.
     sinks: Option<Sinks>,
     commands: Receiver<Command>,
@@ -65,12 +73,30 @@ pub struct NativeRun {
 }
 
 impl NativeRun {
+    fn session(&self) -> MutexGuard<'_, Session> {
+        reporter::lock(&self.session)
+    }
+
+    /// Every reported step recorded (before the caller reads or resets the peak itself,
+    /// or the run ends), the GIL released meanwhile.
+    fn flush_reports(&self, py: Python<'_>) {
+        if let Some(r) = &self.reporter {
+            py.detach(|| r.flush());
+        }
+    }
+
+    fn stop_reporter(&mut self, py: Python<'_>) {
+        if let Some(mut r) = self.reporter.take() {
+            py.detach(move || r.stop());
+        }
+    }
+
     fn server(&self) -> Option<&Server> {
         self.sinks.as_ref().and_then(|s| s.server())
     }
 
     fn live(&self) -> PyResult<()> {
-        match self.session.bus() {
+        match self.session().bus() {
             Some(_) => Ok(()),
             None => Err(PyRuntimeError::new_err("this headroom run has ended")),
         }
@@ -79,7 +105,7 @@ impl NativeRun {
     /// Acts on one command; Python's part is kept until it is confirmed, and its
     /// `(id, kind)` returned.
     fn handle(&mut self, cmd: Command) -> Option<(u64, String)> {
-        let Handled::Driver(cmd) = self.session.handle(cmd) else {
+        let Handled::Driver(cmd) = self.session().handle(cmd) else {
             return None;
         };
         let id = self.next_id;
@@ -101,7 +127,7 @@ impl NativeRun {
             return None;
         }
         self.ended = true;
-        let bus = self.session.take_bus();
+        let bus = self.session().take_bus();
         let sinks = self.sinks.take();
         py.detach(move || {
             let mut sinks = sinks.unwrap_or_default();
@@ -287,7 +313,9 @@ impl NativeRun {
         // holds: start it detached.
         let sampler = py.detach(move || Sampler::start(bus, cuda_index, sample_hz, source));
         let run = NativeRun {
-            session,
+            session: Arc::new(Mutex::new(session)),
+            reporter: None,
+            stopping: false,
             sinks: Some(sinks.with_sampler(sampler)),
             commands,
             _commands_tx: commands_tx,
@@ -303,8 +331,8 @@ impl NativeRun {
             next_id: 1,
             ended: false,
         };
-        run.session.thresholds_changed("config", None);
-        run.session.status(RunStatus::Running);
+        run.session().thresholds_changed("config", None);
+        run.session().status(RunStatus::Running);
         Ok(run)
     }
 
@@ -321,7 +349,7 @@ impl NativeRun {
         adaptive: bool,
     ) -> PyResult<()> {
         self.live()?;
-        let effective = self.session.effective_batch();
+        let effective = self.session().effective_batch();
         if effective == 0 {
             return Err(value_error("an adaptive run needs effective_batch ≥ 1"));
         }
@@ -334,12 +362,12 @@ impl NativeRun {
             self.cuda,
             self.hard_limit,
         );
-        let thresholds = self.session.thresholds();
+        let thresholds = self.session().thresholds();
         let mut c = Journaled::new(cfg.clone(), thresholds, self.limit, micro_batch);
         if let Some(b) = baseline {
             c.set_baseline(b);
         }
-        self.session.set_controller(c);
+        self.session().set_controller(c);
         self.controller_cfg = Some(cfg);
         Ok(())
     }
@@ -358,12 +386,12 @@ impl NativeRun {
             }
         };
         match lever {
-            "precision" => Ok(self.session.switched_precision(
+            "precision" => Ok(self.session().switched_precision(
                 was.parse().map_err(value_error)?,
                 to.parse().map_err(value_error)?,
                 source,
             )),
-            "checkpointing" => Ok(self.session.switched_checkpointing(
+            "checkpointing" => Ok(self.session().switched_checkpointing(
                 was.parse().map_err(value_error)?,
                 to.parse().map_err(value_error)?,
                 source,
@@ -376,11 +404,13 @@ impl NativeRun {
 
     /// What a checkpoint needs to continue this run as if never interrupted, as JSON: the
     /// steps done, the tokens seen and the controller's journal (adaptive runs).
-    fn state(&self) -> PyResult<String> {
+    fn state(&self, py: Python<'_>) -> PyResult<String> {
+        self.flush_reports(py);
+        let session = self.session();
         let state = ResumeState {
-            step: self.session.step(),
-            tokens_seen: self.session.tokens_seen(),
-            controller: self.session.controller().map(|c| c.journal().clone()),
+            step: session.step(),
+            tokens_seen: session.tokens_seen(),
+            controller: session.controller().map(|c| c.journal().clone()),
         };
         serde_json::to_string(&state).map_err(value_error)
     }
@@ -389,11 +419,11 @@ impl NativeRun {
     /// had, its journal replayed (what the built-in trainer's resume does). Before the
     /// first step only. Returns the step it continues after.
     fn restore(&mut self, state: &str) -> PyResult<u64> {
-        if self.session.step() != 0 {
+        if self.session().step() != 0 {
             return Err(PyRuntimeError::new_err(format!(
                 "load_state_dict() after step {}: call it right after creating the run, before \
                  its first step",
-                self.session.step()
+                self.session().step()
             )));
         }
         let state: ResumeState = serde_json::from_str(state).map_err(|e| {
@@ -402,18 +432,19 @@ impl NativeRun {
                  run.state_dict() returned, as saved"
             ))
         })?;
-        self.session.resume_at(state.step, state.tokens_seen, None);
+        self.session()
+            .resume_at(state.step, state.tokens_seen, None);
         let text = match (state.controller, self.controller_cfg.clone()) {
             (Some(j), Some(cfg)) => {
                 if self.auto_budget {
                     let (limit, notice) = resumed_auto_budget(&j);
                     self.limit = limit;
-                    self.session.send(Telemetry::Notice(notice));
+                    self.session().send(Telemetry::Notice(notice));
                 }
                 let resumed = resume_controller(cfg, &j, self.given_thresholds);
-                self.session.set_controller(resumed.controller);
+                self.session().set_controller(resumed.controller);
                 if let Some(n) = resumed.refused {
-                    self.session.send(Telemetry::Notice(n));
+                    self.session().send(Telemetry::Notice(n));
                 }
                 format!("resumed after step {}: {}", state.step, resumed.text)
             }
@@ -424,7 +455,7 @@ impl NativeRun {
             ),
             (_, None) => format!("resumed after step {}", state.step),
         };
-        self.session.notice(Level::Info, "memory", text);
+        self.session().notice(Level::Info, "memory", text);
         Ok(state.step)
     }
 
@@ -442,7 +473,7 @@ impl NativeRun {
             step: at,
         });
         let next = self
-            .session
+            .session()
             .before_step(step, seq_len, upcoming)
             .ok_or_else(not_adaptive)?;
         Ok((next.micro_batch, next.free_cache))
@@ -450,7 +481,7 @@ impl NativeRun {
 
     /// The predicted peak of a micro-batch, bytes, when the model can tell.
     fn predicted_bytes(&self, micro_batch: usize, seq_len: usize) -> Option<u64> {
-        self.session.predicted_bytes(micro_batch, seq_len)
+        self.session().predicted_bytes(micro_batch, seq_len)
     }
 
     /// A completed step's peak. Adaptive runs feed it to the controller and get back the
@@ -484,15 +515,15 @@ impl NativeRun {
             limit_bytes: limit,
             configured_limit_bytes: self.limit,
         };
-        self.session.measured(Measured {
+        self.session().measured(Measured {
             step,
             peak_bytes,
             micro_batch,
             seq_len,
         });
-        self.session.step_memory(peak);
+        self.session().step_memory(peak);
         Ok(self
-            .session
+            .session()
             .observe(peak)
             .map_or((micro_batch, false), |n| (n.micro_batch, n.free_cache)))
     }
@@ -508,7 +539,7 @@ impl NativeRun {
         error: &str,
     ) -> PyResult<(Option<usize>, bool, bool)> {
         let after = self
-            .session
+            .session()
             .oom(step, micro_batch, seq_len, error)
             .ok_or_else(not_adaptive)?;
         if after.retry_with.is_none() {
@@ -538,7 +569,7 @@ impl NativeRun {
         grad_norm: Option<f64>,
     ) -> PyResult<()> {
         self.live()?;
-        self.session.step_done(StepDone {
+        self.session().step_done(StepDone {
             step,
             loss,
             lr,
@@ -552,12 +583,77 @@ impl NativeRun {
         Ok(())
     }
 
+    /// A watch-only step completed (`run.report()`): its figures go to the reporter
+    /// thread, which reads the peak (unless given: CUDA's) and records the step; this
+    /// returns at once. True when the boundary has work: commands waiting, paused, or a
+    /// stop asked.
+    ///
+    /// `loss`: a float, or a device tensor read on the reporter thread. `peak`: None for
+    /// the resident set's, or a callable returning the peak since its last call (CUDA).
+    #[pyo3(signature = (step, loss, samples, seq_len, step_time_s, lr=None, grad_norm=None, peak=None, planned_bytes=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn report(
+        &mut self,
+        step: u64,
+        loss: Bound<'_, PyAny>,
+        samples: usize,
+        seq_len: usize,
+        step_time_s: f64,
+        lr: Option<f64>,
+        grad_norm: Option<f64>,
+        peak: Option<Py<PyAny>>,
+        planned_bytes: Option<u64>,
+    ) -> PyResult<bool> {
+        // A float as it is; anything else (a device tensor) is read on the reporter thread:
+        // extracting it here would wait for the device.
+        let loss = match loss.cast::<pyo3::types::PyFloat>() {
+            Ok(f) => Loss::Value(f.value()),
+            Err(_) => Loss::Tensor(loss.unbind()),
+        };
+        let peak = peak.map_or(Peak::Rss, Peak::Python);
+        if self.ended {
+            return Err(PyRuntimeError::new_err("this headroom run has ended"));
+        }
+        let limits = Limits {
+            cuda: self.cuda,
+            limit: self.limit,
+        };
+        let session = &self.session;
+        let reporter = self
+            .reporter
+            .get_or_insert_with(|| Reporter::start(session.clone(), limits));
+        reporter.report(Report {
+            step,
+            loss,
+            samples,
+            seq_len,
+            step_time_s,
+            lr,
+            grad_norm,
+            peak,
+            planned_bytes,
+        });
+        // A pause comes as a command and holds the loop in the boundary until resumed:
+        // at a report, commands waiting and a stop are what the boundary has to do.
+        Ok(!self.commands.is_empty() || reporter.has_diverged() || self.stopping)
+    }
+
+    /// A reported device loss that was NaN or infinite, once: `(step, value)`.
+    fn take_diverged(&self) -> Option<(u64, f64)> {
+        self.reporter.as_ref().and_then(Reporter::take_diverged)
+    }
+
+    /// Waits until every reported step is recorded.
+    fn flush(&self, py: Python<'_>) {
+        self.flush_reports(py);
+    }
+
     /// What the step's fixed memory is made of, counted by Python after the first
     /// optimizer step: parameters, gradients and the optimizer's state, bytes (the
     /// optimizer-state hint reads it).
     fn memory_parts(&mut self, parameters: u64, gradients: u64, optimizer: u64) -> PyResult<()> {
         self.live()?;
-        self.session.memory_parts(headroom_core::MemoryParts {
+        self.session().memory_parts(headroom_core::MemoryParts {
             parameters,
             gradients,
             optimizer,
@@ -574,7 +670,7 @@ impl NativeRun {
         activations_per_token: f64,
     ) -> PyResult<()> {
         self.live()?;
-        self.session.plan_split(headroom_core::PlanSplit {
+        self.session().plan_split(headroom_core::PlanSplit {
             model_bytes,
             overhead_bytes,
             activations_per_token,
@@ -591,7 +687,7 @@ impl NativeRun {
         peak_bytes: u64,
     ) -> PyResult<()> {
         self.live()?;
-        self.session.plan_check(headroom_core::PlanCheck {
+        self.session().plan_check(headroom_core::PlanCheck {
             step,
             micro_batch,
             planned_bytes,
@@ -603,22 +699,24 @@ impl NativeRun {
     /// A validation result.
     fn eval(&mut self, step: u64, val_loss: f64, train_loss: f64, tokens: u64) -> PyResult<()> {
         self.live()?;
-        self.session.eval(step, val_loss, train_loss, tokens);
+        self.session().eval(step, val_loss, train_loss, tokens);
         Ok(())
     }
 
     /// An evaluation pass begins (`phase`: eval, validation, test, predict).
-    fn eval_begin(&mut self, phase: &str) -> PyResult<()> {
+    fn eval_begin(&mut self, py: Python<'_>, phase: &str) -> PyResult<()> {
+        self.flush_reports(py);
         self.live()?;
-        self.session.eval_begin(phase);
+        self.session().eval_begin(phase);
         Ok(())
     }
 
     /// The chunk size for an evaluation batch of `asked` samples (the controller's,
     /// core/src/policy/eval.rs; opens a pass named `eval` when none is).
-    fn eval_size(&mut self, asked: usize, seq_len: usize) -> PyResult<usize> {
+    fn eval_size(&mut self, py: Python<'_>, asked: usize, seq_len: usize) -> PyResult<usize> {
+        self.flush_reports(py);
         self.live()?;
-        Ok(self.session.eval_size(asked, seq_len.max(1)))
+        Ok(self.session().eval_size(asked, seq_len.max(1)))
     }
 
     /// An evaluation chunk completed at `peak_bytes`.
@@ -629,7 +727,7 @@ impl NativeRun {
         } else {
             procmem::current_cpu_limit(self.limit)
         };
-        self.session
+        self.session()
             .eval_chunk(size, seq_len.max(1), peak_bytes, limit);
         Ok(())
     }
@@ -638,24 +736,25 @@ impl NativeRun {
     /// (`None`: one sample does not fit).
     fn eval_oom(&mut self, size: usize, seq_len: usize, error: &str) -> PyResult<Option<usize>> {
         self.live()?;
-        Ok(self.session.eval_oom(size, seq_len.max(1), error))
+        Ok(self.session().eval_oom(size, seq_len.max(1), error))
     }
 
     /// The evaluation pass ends; whether one was open.
     fn eval_end(&mut self) -> PyResult<bool> {
         self.live()?;
-        Ok(self.session.eval_end().is_some())
+        Ok(self.session().eval_end().is_some())
     }
 
     /// Whether an evaluation pass is open.
     #[getter]
     fn evaluating(&self) -> bool {
-        self.session.evaluating()
+        self.session().evaluating()
     }
 
     /// A line for the dashboard's event log: `level` is info, warn or error.
     #[pyo3(signature = (text, level="info", source="python"))]
-    fn notice_text(&self, text: String, level: &str, source: &str) -> PyResult<()> {
+    fn notice_text(&self, py: Python<'_>, text: String, level: &str, source: &str) -> PyResult<()> {
+        self.flush_reports(py);
         let level = match level {
             "info" => Level::Info,
             "warn" | "warning" => Level::Warn,
@@ -667,7 +766,7 @@ impl NativeRun {
             }
         };
         self.live()?;
-        self.session.notice(level, source, text);
+        self.session().notice(level, source, text);
         Ok(())
     }
 
@@ -685,7 +784,9 @@ impl NativeRun {
             let cmd = match self.commands.try_recv() {
                 Ok(c) => c,
                 Err(TryRecvError::Disconnected) => break,
-                Err(TryRecvError::Empty) if !self.session.paused() || !out.is_empty() || waited => {
+                Err(TryRecvError::Empty)
+                    if !self.session().paused() || !out.is_empty() || waited =>
+                {
                     break
                 }
                 Err(TryRecvError::Empty) => {
@@ -702,6 +803,8 @@ impl NativeRun {
             };
             out.extend(self.handle(cmd));
         }
+        let stopping = self.session().stop_requested();
+        self.stopping = stopping;
         Ok(out)
     }
 
@@ -745,44 +848,47 @@ impl NativeRun {
         self.live()?;
         let rows: headroom_core::JobRanks =
             serde_json::from_str(record).map_err(|e| value_error(format!("job_ranks: {e}")))?;
-        self.session.send(Telemetry::JobRanks(rows));
+        self.session().send(Telemetry::JobRanks(rows));
         Ok(())
     }
 
     /// Out-of-memory errors caught so far.
     #[getter]
     fn ooms(&self) -> u64 {
-        self.session.ooms()
+        self.session().ooms()
     }
 
     /// The last step's limit (bytes) and usage (peak / limit); 0 before the first.
     #[getter]
     fn last_memory(&self) -> (u64, f64) {
-        self.session.last_memory()
+        self.session().last_memory()
     }
 
     /// A stop asked by a signal (`why`, e.g. "SIGTERM"): as the dashboard's stop, said
     /// with its cause.
     fn request_stop(&mut self, why: &str) -> PyResult<()> {
         self.live()?;
-        self.session.signal_stop(why);
+        self.session().signal_stop(why);
+        self.stopping = true;
         Ok(())
     }
 
     /// Confirms a command Python carried out, with what it did.
-    fn confirm(&mut self, id: u64, applied: String) -> PyResult<()> {
+    fn confirm(&mut self, py: Python<'_>, id: u64, applied: String) -> PyResult<()> {
+        self.flush_reports(py);
         let cmd = self
             .pending
             .remove(&id)
             .ok_or_else(|| value_error(format!("no command {id} is waiting")))?;
-        self.session.answer(cmd, applied);
+        self.session().answer(cmd, applied);
         Ok(())
     }
 
     /// A checkpoint the loop wrote.
-    fn checkpoint_saved(&mut self, step: u64, path: String) -> PyResult<()> {
+    fn checkpoint_saved(&mut self, py: Python<'_>, step: u64, path: String) -> PyResult<()> {
+        self.flush_reports(py);
         self.live()?;
-        self.session.checkpoint_saved(step, path);
+        self.session().checkpoint_saved(step, path);
         Ok(())
     }
 
@@ -792,7 +898,8 @@ impl NativeRun {
         if self.ended {
             return None;
         }
-        self.session.finished(stopped_by_user);
+        self.stop_reporter(py);
+        self.session().finished(stopped_by_user);
         self.end(py)
     }
 
@@ -801,18 +908,19 @@ impl NativeRun {
         if self.ended {
             return None;
         }
-        self.session.failed(reason);
+        self.stop_reporter(py);
+        self.session().failed(reason);
         self.end(py)
     }
 
     #[getter]
     fn paused(&self) -> bool {
-        self.session.paused()
+        self.session().paused()
     }
 
     #[getter]
     fn stop_requested(&self) -> bool {
-        self.session.stop_requested()
+        self.session().stop_requested()
     }
 
     #[getter]
@@ -831,7 +939,7 @@ impl NativeRun {
 
     #[getter]
     fn micro_batch(&self) -> Option<usize> {
-        self.session.micro_batch()
+        self.session().micro_batch()
     }
 
     #[getter]
@@ -841,7 +949,7 @@ impl NativeRun {
 
     #[getter]
     fn thresholds(&self) -> (f64, f64, f64, f64) {
-        let [a, b, c, d] = self.session.thresholds().as_array();
+        let [a, b, c, d] = self.session().thresholds().as_array();
         (a, b, c, d)
     }
 

@@ -350,7 +350,9 @@ def loss_value(x: Any, what: str) -> float:
                 f"{what} is a tensor of shape {tuple(x.shape)}; give a scalar (e.g. the "
                 "loss's .mean())"
             )
-        return float(x.detach())
+        # .item() reads a tensor that requires grad as it is; a detach() first would
+        # make a tensor for nothing (a report's every step).
+        return float(x.item())
     if not isinstance(x, (str, bytes, bool)):
         try:
             return float(x)

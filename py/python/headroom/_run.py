@@ -399,40 +399,88 @@ class Run(StopSignals, JobRank):
                 "this run is adaptive: its steps end with run.step(optimizer), not "
                 "run.report(); create the run without effective_batch= to only watch"
             )
-        value = (
-            math.nan if loss is None else _args.loss_value(loss, "the loss given to run.report()")
-        )
-        samples = _args.optional_whole("run.report(samples=)", samples, 1, 32)
-        seq_len = _args.whole("run.report(seq_len=)", seq_len, 1, 1)
-        lr = _args.optional_number("run.report(lr=)", lr)
-        grad_norm = _args.optional_number("run.report(grad_norm=)", grad_norm)
-        self._end_evaluation()
+        # The common call (a float or a tensor, the rest left out or plain) checked
+        # inline: a report is on the training thread's every step (issue 34: µs).
+        device_loss = None
+        if type(loss) is float:
+            value = loss
+        elif loss is None:
+            value = math.nan
+        elif isinstance(loss, torch.Tensor) and loss.is_cpu:
+            try:
+                value = float(loss.item())
+            except RuntimeError:  # not one element: the error names it
+                value = _args.loss_value(loss, "the loss given to run.report()")
+        elif self._job is None and isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            # Read on the extension's reporter thread: .item() here would wait for the
+            # device, every step.
+            device_loss, value = loss.detach(), 0.0
+        else:
+            value = _args.loss_value(loss, "the loss given to run.report()")
+        if not (samples is None or (type(samples) is int and samples >= 1)):
+            samples = _args.optional_whole("run.report(samples=)", samples, 1, 32)
+        if not (type(seq_len) is int and seq_len >= 1):
+            seq_len = _args.whole("run.report(seq_len=)", seq_len, 1, 1)
+        if not (lr is None or type(lr) is float):
+            lr = _args.optional_number("run.report(lr=)", lr)
+        if not (grad_norm is None or type(grad_norm) is float):
+            grad_norm = _args.optional_number("run.report(grad_norm=)", grad_norm)
+        if self._native.evaluating:
+            self._native.eval_end()
         step = self._step + 1
-        now = time.perf_counter()
-        dt = now - self._boundary_t
+        dt = time.perf_counter() - self._boundary_t
         n = samples or 1
+        diverged = loss is not None and not math.isfinite(value)
+        if self._job is None:
+            given = value if device_loss is None else device_loss
+            self._report_off_thread(step, given, n, seq_len, dt, lr, grad_norm, diverged)
+            return
         peak = self._meter.peak()
         self._native.observe(step, n, seq_len, peak)
         if self._plan is not None:
             self._native.plan_check(step, n, self._plan.predict(n), peak)
         self._native.step(step, value, n, n, seq_len, dt, n * seq_len, lr, grad_norm)
         self._step = step
-        if loss is not None and not math.isfinite(value):
-            error = (
-                f"step {step}: the loss given to run.report() is {value} (training diverged, "
-                "or the data holds a NaN/inf); the step is recorded without a loss. Lower the "
-                "learning rate or check the batch"
-            )
-            self._native.notice_text(error, level="error", source="python")
-            failure = LossError(error)
-            if self._job is not None:
-                # The other ranks learn it at this step's agreement, not by waiting there.
-                self._job_fail(step, failure)
-            raise failure
-        if self._job is not None:
-            self._job_note(n, peak, dt, value)
-            self._job_agreed(step, self._job.agree(step))
+        if diverged:
+            self._diverged(step, value)
+        self._job_note(n, peak, dt, value)
+        self._job_agreed(step, self._job.agree(step))
         self._boundary()
+
+    def _report_off_thread(self, step, value, n, seq_len, dt, lr, grad_norm, diverged) -> None:
+        """A watch-only step outside a job: the extension's reporter thread reads the peak
+        (on the CPU; CUDA's allocator peak is read here, where torch is) and records the
+        step; the boundary runs only when it has work (commands, pause, stop, signals)."""
+        peak = self._meter.take_peak if self._meter.cuda else None
+        planned = None if self._plan is None else self._plan.predict(n)
+        busy = self._native.report(step, value, n, seq_len, dt, lr, grad_norm, peak, planned)
+        self._step = step
+        if diverged:
+            self._diverged(step, value)
+        if busy or self._pending_signals or self._checkpoint_asked or self._signalled:
+            # The reporter has read this step's peak before the boundary's own work (a
+            # checkpoint) and its reset, as the step's peak always excluded them.
+            self._native.flush()
+            late = self._native.take_diverged()
+            if late is not None:
+                # A device tensor's loss, read off this thread: said at the next report.
+                self._diverged(*late)
+            self._boundary()
+            return
+        self._boundary_t = time.perf_counter()
+
+    def _diverged(self, step: int, value: float) -> None:
+        error = (
+            f"step {step}: the loss given to run.report() is {value} (training diverged, "
+            "or the data holds a NaN/inf); the step is recorded without a loss. Lower the "
+            "learning rate or check the batch"
+        )
+        self._native.notice_text(error, level="error", source="python")
+        failure = LossError(error)
+        if self._job is not None:
+            # The other ranks learn it at this step's agreement, not by waiting there.
+            self._job_fail(step, failure)
+        raise failure
 
     # ---- adaptive ------------------------------------------------------------------------
 

@@ -127,6 +127,14 @@ class PeakMeter:
             return stats.get("allocated_bytes.all.peak", 0) + outside
         return _native.peak_rss()
 
+    def take_peak(self) -> int:
+        """The peak since the last call (or reset), and a new window from now: what the
+        extension's reporter thread calls for a watch-only step on CUDA (under the GIL:
+        memory_stats() flattens the allocator's statistics in Python meanwhile)."""
+        peak = self.peak()
+        self.reset()
+        return peak
+
     def held(self) -> int:
         """What the process holds now (the fixed part before the first step)."""
         if self.cuda:
