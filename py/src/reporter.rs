@@ -68,6 +68,7 @@ struct Queue {
     /// for the training thread to raise at its next report.
     diverged: Mutex<Option<(u64, f64)>>,
     any_diverged: AtomicBool,
+    said_peak_failed: AtomicBool,
 }
 
 /// How often the reporter looks for reports while they come, and at most how long it
@@ -79,7 +80,11 @@ const IDLE_TICK: Duration = Duration::from_millis(20);
 /// The thread that records reported steps.
 pub struct Reporter {
     queue: Arc<Queue>,
+    /// `None` when the thread could not be started (a hard cap leaves no room for its
+    /// stack): each report is then recorded in place, as before.
     thread: Option<JoinHandle<()>>,
+    session: Shared,
+    limits: Limits,
 }
 
 /// What the records need besides the session.
@@ -100,14 +105,16 @@ impl Reporter {
         // server already bound what they hold; this queue holds a step's figures only
         // until the next tick.
         let queue = Arc::new(Queue::default());
-        let shared = queue.clone();
+        let (shared, theirs) = (queue.clone(), session.clone());
         let thread = std::thread::Builder::new()
             .name("headroom-reporter".into())
-            .spawn(move || record_all(&session, limits, &shared))
-            .expect("spawning the reporter thread");
+            .spawn(move || record_all(&theirs, limits, &shared))
+            .ok();
         Reporter {
             queue,
-            thread: Some(thread),
+            thread,
+            session,
+            limits,
         }
     }
 
@@ -122,7 +129,11 @@ impl Reporter {
     }
 
     pub fn report(&self, r: Report) {
-        unpoisoned(&self.queue.jobs).push(Job::Report(r));
+        if self.thread.is_some() {
+            unpoisoned(&self.queue.jobs).push(Job::Report(r));
+        } else {
+            record_one(&self.session, self.limits, &self.queue, r);
+        }
     }
 
     /// Waits until every report so far is recorded (before anything that reads or resets
@@ -152,7 +163,6 @@ impl Drop for Reporter {
 }
 
 fn record_all(session: &Shared, limits: Limits, queue: &Queue) {
-    let mut said_peak_failed = false;
     let mut tick = TICK;
     loop {
         // Read before the queue: a stop seen here finds every report made before it.
@@ -164,40 +174,39 @@ fn record_all(session: &Shared, limits: Limits, queue: &Queue) {
             TICK
         };
         for job in jobs {
-            let r = match job {
-                Job::Report(r) => r,
+            match job {
+                Job::Report(r) => record_one(session, limits, queue, r),
                 Job::Flush(ack) => {
                     let _ = ack.send(());
-                    continue;
                 }
-            };
-            // Python first, the session's lock after: the training thread takes that lock
-            // while it holds the GIL.
-            let (peak, loss) = read(&r);
-            if matches!(r.loss, Loss::Tensor(_)) && !loss.is_finite() {
-                unpoisoned(&queue.diverged).get_or_insert((r.step, loss));
-                queue.any_diverged.store(true, Ordering::Relaxed);
             }
-            let peak = peak.unwrap_or_else(|e| {
-                if !said_peak_failed {
-                    said_peak_failed = true;
-                    lock(session).notice(
-                        Level::Warn,
-                        "memory",
-                        format!(
-                            "a step's peak could not be read ({e}); the resident set stands for it"
-                        ),
-                    );
-                }
-                procmem::rss_bytes().unwrap_or(0)
-            });
-            record(&mut lock(session), limits, &r, loss, peak);
         }
         if stopping {
             return;
         }
         std::thread::park_timeout(tick);
     }
+}
+
+fn record_one(session: &Shared, limits: Limits, queue: &Queue, r: Report) {
+    // Python first, the session's lock after: the training thread takes that lock while
+    // it holds the GIL.
+    let (peak, loss) = read(&r);
+    if matches!(r.loss, Loss::Tensor(_)) && !loss.is_finite() {
+        unpoisoned(&queue.diverged).get_or_insert((r.step, loss));
+        queue.any_diverged.store(true, Ordering::Relaxed);
+    }
+    let peak = peak.unwrap_or_else(|e| {
+        if !queue.said_peak_failed.swap(true, Ordering::Relaxed) {
+            lock(session).notice(
+                Level::Warn,
+                "memory",
+                format!("a step's peak could not be read ({e}); the resident set stands for it"),
+            );
+        }
+        procmem::rss_bytes().unwrap_or(0)
+    });
+    record(&mut lock(session), limits, &r, loss, peak);
 }
 
 /// The step's peak and its loss (NaN when a tensor could not be read).

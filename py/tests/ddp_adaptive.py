@@ -39,6 +39,7 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=16)
     ap.add_argument("--width", type=int, default=32)
     ap.add_argument("--out", required=True, help="a directory for params and logs")
+    ap.add_argument("--listen", default=None, help="rank 0 also serves on TCP here")
     ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds to idle per step")
     ap.add_argument("--raise-at", default="", help="RANK@STEP: loss_fn raises ValueError there")
     ap.add_argument("--checkpoint", action="store_true", help="on_checkpoint writes a file")
@@ -117,12 +118,15 @@ def main() -> int:
         micro_batch=args.micro,
         total_steps=args.steps,
         log=out / f"rank{rank}.jsonl",
+        listen=args.listen if rank == 0 else None,
         memory_budget=None if budget is None else str(budget),
         hard_limit=bool(capped),
         on_checkpoint=on_checkpoint if args.checkpoint else None,
         adaptive=not args.fixed,
     ) as run:
         say(f"rank {rank} pid {os.getpid()} serving {run.name}")
+        if run.tcp:
+            say(f"rank {rank} tcp {run.tcp} token {run.token_file}")
         for step, (x, y) in enumerate(batches(), 1):
             if run.should_stop:
                 break

@@ -38,6 +38,7 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=16)
     ap.add_argument("--width", type=int, default=32)
     ap.add_argument("--out", required=True, help="a directory for params and logs")
+    ap.add_argument("--listen", default=None, help="rank 0 also serves on TCP here")
     ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds to idle per step")
     ap.add_argument("--budget-rank", type=int, default=-1, help="the rank given a hard cap")
     ap.add_argument(
@@ -132,8 +133,11 @@ def main() -> int:
         micro_batch=args.micro,
         total_steps=args.steps,
         log=out / f"rank{rank}.jsonl",
+        listen=args.listen if rank == 0 else None,
     ) as run:
         say(f"rank {rank} pid {os.getpid()} serving {run.name}")
+        if run.tcp:
+            say(f"rank {rank} tcp {run.tcp} token {run.token_file}")
         for step, (x, y) in enumerate(batches(), 1):
             if run.should_stop:
                 break

@@ -65,6 +65,9 @@ BUCKET_BYTES = 25 << 20
 # Waiting in the agreement: after this long, say which ranks have not arrived; after a
 # stop signal (torchrun ending the job), give the missing ranks this long, then fail.
 SAY_WAITING_S = 10.0
+# After this long at an agreement a rank marks its arrival in the job's store (the slow
+# path only: a fast agreement never touches the store).
+MARK_ARRIVAL_S = 0.2
 GRACE_AFTER_SIGNAL_S = 3.0
 # torchrun kills a worker 30 s after its SIGTERM; a rank still missing by then is
 # given up on a little before, so this one's end is recorded.
@@ -273,11 +276,17 @@ class Job:
         start = time.monotonic()
         pause = 0.0
         said = False
+        marked = False
         signalled_at = None
         while not work.is_completed():
             time.sleep(pause)
             pause = min(0.01, pause + 0.0002)
             now = time.monotonic()
+            if not marked and now - start > MARK_ARRIVAL_S:
+                # A slow agreement: say this rank is here, so a rank that loses a peer
+                # meanwhile names the ranks that are gone, not the ones still waiting.
+                marked = True
+                self._mark_arrived(round_)
             if self.want_stop and signalled_at is None:
                 signalled_at = now
             if not said and now - start > SAY_WAITING_S:
@@ -344,13 +353,18 @@ class Job:
         try:
             store = self.dist.distributed_c10d._get_default_store()
             arrived = f"headroom/{self.job_id}/arrived/{round_}/"
-            store.set(arrived + str(self.rank), "1")
+            self._mark_arrived(round_)
             missing = [r for r in range(self.world) if not store.check([arrived + str(r)])]
             alive = f"headroom/{self.job_id}/alive/"
             silent = [r for r in missing if not store.check([alive + str(r)])]
         except Exception:
             return [], []
         return missing, silent
+
+    def _mark_arrived(self, round_: int) -> None:
+        with contextlib.suppress(Exception):
+            store = self.dist.distributed_c10d._get_default_store()
+            store.set(f"headroom/{self.job_id}/arrived/{round_}/{self.rank}", "1")
 
     def _publish(self, step: int, a: Agreement) -> None:
         ranks = []
