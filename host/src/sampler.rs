@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Sender};
 use headroom_core::{
-    AllocatorStats, Bus, GpuStats, HostStats, Level, Notice, SegmentMap, SystemSample, Telemetry,
+    AllocatorStats, Bus, GpuStats, HeapStats, HostStats, Level, Notice, SegmentMap, SystemSample,
+    Telemetry,
 };
 use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::Nvml;
@@ -13,6 +14,12 @@ use sysinfo::{Pid, ProcessRefreshKind, ProcessesToUpdate, System};
 
 /// A snapshot walks every block under the allocator's lock: modest rate, not every tick.
 const SNAPSHOT_EVERY: Duration = Duration::from_secs(2);
+
+/// The host's figures (CPU load, host memory) and the heap's come from several /proc
+/// files, 40–50 µs each on a VM: read at most this often. The process's resident set, the
+/// figure a spike shows in, is read every sample (one statm read), so the chart keeps
+/// the rate asked for (docs/BENCHMARKS.md, "Telemetry cost").
+const HOST_EVERY: Duration = Duration::from_millis(250);
 
 /// Which accelerator the run uses; `None` for a CPU run (then GPU figures would describe
 /// a device the run does not touch, so none are read).
@@ -89,6 +96,8 @@ struct Sources {
     allocator_failed: bool,
     last_snapshot: Option<Instant>,
     snapshot_failed: bool,
+    /// The last full host and heap figures, and when they were read.
+    host_read: Option<(Instant, HostStats, Option<HeapStats>)>,
 }
 
 impl Sources {
@@ -129,19 +138,41 @@ impl Sources {
             allocator_failed: false,
             last_snapshot: None,
             snapshot_failed: false,
+            host_read: None,
         }
     }
 
     fn read(&mut self, bus: &Bus) -> SystemSample {
+        let (host, heap) = self.host_and_heap();
         SystemSample {
-            host: self.host(),
+            host,
             gpu: self.gpu(bus),
             allocator: self.allocator(bus),
-            // On the CPU the heap is the allocator: glibc's malloc under libtorch.
-            heap: match self.cuda {
-                None => crate::procmem::heap_stats(),
-                Some(_) => None,
-            },
+            heap,
+        }
+    }
+
+    /// The host's figures and (on the CPU, where glibc's malloc under libtorch is the
+    /// allocator) the heap's: read in full every [`HOST_EVERY`]; between, the last ones
+    /// with the resident set read now.
+    fn host_and_heap(&mut self) -> (HostStats, Option<HeapStats>) {
+        match &self.host_read {
+            Some((at, host, heap)) if at.elapsed() < HOST_EVERY => {
+                let mut host = host.clone();
+                if let Some(rss) = crate::procmem::rss_bytes() {
+                    host.process_rss = rss;
+                }
+                (host, heap.clone())
+            }
+            _ => {
+                let host = self.host();
+                let heap = match self.cuda {
+                    None => crate::procmem::heap_stats(),
+                    Some(_) => None,
+                };
+                self.host_read = Some((Instant::now(), host.clone(), heap.clone()));
+                (host, heap)
+            }
         }
     }
 
