@@ -63,7 +63,7 @@ mod tests {
     #[test]
     fn floats_are_single_precision_and_integers_exact() {
         let mut v = serde_json::json!({
-            "loss": 2.798968791961670,
+            "loss": 2.798_968_791_961_67,
             "usage": 0.015951511687680348,
             "big": 1.0e300,
             "tiny": 1.0e-300,
