@@ -7,6 +7,7 @@ pub mod command;
 pub mod config;
 pub mod hints;
 pub mod journal;
+pub mod logfile;
 pub mod plan;
 pub mod policy;
 pub mod protocol;
