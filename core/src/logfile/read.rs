@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use zstd::stream::raw::{Decoder, InBuffer, Operation, OutBuffer};
 
-use names::{is_compressed, segments};
+use super::names::{is_compressed, segments};
 
 /// Bytes read from a file at a time.
 const CHUNK: usize = 256 * 1024;
@@ -57,6 +57,20 @@ pub struct Origin {
     role: Role,
     id: (u64, u64),
     raw: u64,
+}
+
+impl Origin {
+    /// The live file of a log, open as `file`, read from `raw` on (a frame boundary).
+    pub fn live(file: File, path: &Path, raw: u64) -> io::Result<Origin> {
+        let meta = file.metadata().map_err(|e| named(path, e))?;
+        Ok(Origin {
+            file: Arc::new(file),
+            name: path.to_path_buf(),
+            role: Role::Live,
+            id: id_of(&meta),
+            raw,
+        })
+    }
 }
 
 /// One open file of the chain.
@@ -139,9 +153,10 @@ impl Part {
         let Some(z) = self.decoder.as_mut() else {
             let start = out.len();
             out.resize(start + CHUNK, 0);
-            let n = self.file.read_at(&mut out[start..], self.raw);
-            out.truncate(start + *n.as_ref().unwrap_or(&0));
-            let n = n.map_err(|e| named(&self.name, e))?;
+            let read = self.file.read_at(&mut out[start..], self.raw);
+            let n = *read.as_ref().unwrap_or(&0);
+            out.truncate(start + n);
+            read.map_err(|e| named(&self.name, e))?;
             self.raw += n as u64;
             return Ok(n);
         };
@@ -198,6 +213,8 @@ pub struct ChainLines {
     at: usize,
     /// Decoded bytes handed out as lines since the origin.
     position: u64,
+    /// Reads one file of the chain, not what follows it.
+    one_file: bool,
 }
 
 impl ChainLines {
@@ -227,7 +244,18 @@ impl ChainLines {
             buf: Vec::new(),
             at: 0,
             position: 0,
+            one_file: false,
         }
+    }
+
+    /// The lines of the one file `name` (plain or compressed by its name), read from
+    /// `raw`, which must be a frame boundary of a compressed file.
+    pub fn file(name: &Path, raw: u64) -> io::Result<ChainLines> {
+        let mut part = Part::open(name, Role::Segment)?;
+        part.raw = raw;
+        let mut lines = ChainLines::with(name, part);
+        lines.one_file = true;
+        Ok(lines)
     }
 
     /// Decoded bytes before the next line: what has been handed out.
@@ -294,7 +322,15 @@ impl ChainLines {
             self.part.name = segment;
             return Ok(true);
         }
-        let part = open_after(&self.path, Some(&self.part.name))?;
+        if self.one_file {
+            return Ok(false);
+        }
+        let part = match open_after(&self.path, Some(&self.part.name)) {
+            Ok(part) => part,
+            // Between the writer's rename and its new file: there in a moment.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e),
+        };
         // A line the writer never ended (a plain log cut short) is a line of its own.
         if self.at < self.buf.len() {
             self.buf.push(b'\n');
@@ -366,46 +402,10 @@ fn open_after(path: &Path, after: Option<&Path>) -> io::Result<Part> {
     )))
 }
 
-/// Stand-ins for the writer's `logfile::names` until it lands.
-mod names {
-    use std::path::{Path, PathBuf};
-
-    pub fn is_compressed(path: &Path) -> bool {
-        path.to_string_lossy().ends_with(".zst")
-    }
-
-    fn split(path: &Path) -> Option<(String, &'static str)> {
-        let name = path.file_name()?.to_str()?;
-        for suffix in [".jsonl.zst", ".jsonl"] {
-            if let Some(stem) = name.strip_suffix(suffix) {
-                return Some((stem.to_string(), suffix));
-            }
-        }
-        None
-    }
-
-    pub fn segment_path(path: &Path, n: u32) -> PathBuf {
-        match split(path) {
-            Some((stem, suffix)) => path.with_file_name(format!("{stem}.{n}{suffix}")),
-            None => path.with_file_name(format!(
-                "{}.{n}",
-                path.file_name().unwrap_or_default().to_string_lossy()
-            )),
-        }
-    }
-
-    pub fn segments(path: &Path) -> Vec<PathBuf> {
-        (1..)
-            .map(|n| segment_path(path, n))
-            .take_while(|p| p.exists())
-            .collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::names::segment_path;
     use super::*;
+    use crate::logfile::names::segment_path;
     use std::io::Write;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
