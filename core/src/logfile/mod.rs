@@ -4,8 +4,10 @@
 //! truth. Writing policy (when to flush, when to rotate) is the log writer's
 //! (host/src/logger.rs); reading is the replay's.
 pub mod compact;
+pub mod end;
 pub mod index;
 pub mod names;
+pub mod read;
 pub mod rotate;
 pub mod write;
 
