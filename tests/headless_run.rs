@@ -474,3 +474,49 @@ fn a_compressed_log_holds_the_plain_logs_records_and_cat_prints_them() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("30min"), "{}", stderr(&out));
 }
+
+/// Where a distribution puts jemalloc; `None` on a machine without it.
+fn jemalloc() -> Option<std::path::PathBuf> {
+    [
+        "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+        "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
+        "/usr/lib64/libjemalloc.so.2",
+        "/usr/lib/libjemalloc.so.2",
+    ]
+    .iter()
+    .map(std::path::PathBuf::from)
+    .find(|p| p.exists())
+}
+
+/// Under another malloc (preloaded) the run says so at its start, and glibc's heap
+/// allowance is off; under glibc's nothing is said.
+#[test]
+fn another_malloc_preloaded_is_said_and_glibc_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let said = |log: &str| -> Vec<String> {
+        of_kind(&read_log(&dir.path().join(log)), "notice")
+            .iter()
+            .filter_map(|n| n["text"].as_str().map(str::to_string))
+            .filter(|t| t.contains("malloc here is not glibc's"))
+            .collect()
+    };
+    let out = train_tiny(dir.path(), &["--log", "glibc.jsonl", "--steps", "2"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(said("glibc.jsonl").is_empty());
+    let Some(lib) = jemalloc() else {
+        eprintln!("skipped the preloaded half: no libjemalloc.so.2 on this machine");
+        return;
+    };
+    let out = common::bin()
+        .current_dir(dir.path())
+        .env("LD_PRELOAD", &lib)
+        .args(["train", "--headless", "--config"])
+        .arg(common::fixture("tiny.toml"))
+        .args(["--log", "je.jsonl", "--steps", "2", "--overwrite"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let notes = said("je.jsonl");
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(notes[0].contains(&*lib.to_string_lossy()), "{}", notes[0]);
+}
