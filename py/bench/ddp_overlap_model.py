@@ -529,6 +529,19 @@ def main() -> int:
                 f"{upto if upto < 256 else '>256'}"
             )
     print()
+    print("headroom's time after the last backward, by part (the same at every m):")
+    for s, params, _ in built:
+        hbk = headroom_buckets(params, s.grad_bytes)
+        copies = sum((2 if ip else 6) * b / HBM for b, ip in hbk) * 1e3
+        for link in (LINKS[0], LINKS[3]):
+            comm = sum(allreduce_s(b, link) for b, _ in hbk) * 1e3
+            agree = (LAUNCH_US + link.agree_us) / 1e3
+            print(
+                f"  {s.name:11} {link.name:47} sync + agreement {agree:.2f} ms, "
+                f"all-reduces {comm:7.2f} ms ({len(hbk)} x {link.latency_us:.0f} us of "
+                f"latency), copies and divides {copies:6.2f} ms"
+            )
+    print()
     print("Inputs (assumptions, with their sources):")
     for link in LINKS:
         print(
