@@ -135,6 +135,28 @@ pub fn open_at_end_keeping(path: &Path, keep: u64) -> io::Result<End> {
     })
 }
 
+/// The `t` of a compressed log's last record, from its last file's last index and what
+/// follows it; `None` when neither says (an empty file, no index, no whole line).
+pub fn last_time(path: &Path) -> Option<f64> {
+    let names = chain(path);
+    let name = names
+        .iter()
+        .rev()
+        .find(|n| n.metadata().is_ok_and(|m| m.len() > 0))?;
+    let file = File::open(name).ok()?;
+    let len = file.metadata().ok()?.len();
+    let (last, open_from) = last_index(&file, len)?;
+    let indexed = last.map(|(_, e)| e.t_last);
+    let mut open = None;
+    if open_from < len {
+        let mut reader = ChainLines::file(name, open_from).ok()?;
+        while let Ok(Line::Whole(line)) = reader.next_line() {
+            open = Some(t_of(&line)).filter(|t| *t > 0.0).or(open);
+        }
+    }
+    open.or(indexed)
+}
+
 fn named(path: &Path, e: io::Error) -> io::Error {
     io::Error::new(e.kind(), format!("{}: {e}", path.display()))
 }
