@@ -313,7 +313,7 @@ mod tests {
 
     /// Record `i`: a notice every 50, a sample otherwise.
     fn rec(i: usize) -> Record {
-        let msg = if i % 50 == 0 {
+        let msg = if i.is_multiple_of(50) {
             Telemetry::Notice(Notice::new(Level::Info, "test", format!("n{i}")))
         } else {
             let mut s = SystemSample::default();
@@ -328,7 +328,7 @@ mod tests {
     fn write(w: &mut FrameWriter<File>, from: usize, to: usize) {
         for i in from..to {
             w.write_record(&rec(i)).unwrap();
-            if (i + 1) % 100 == 0 {
+            if (i + 1).is_multiple_of(100) {
                 w.end_frame().unwrap();
             }
         }
