@@ -292,9 +292,9 @@ impl Out {
 /// One log being played: its lines, and its next record once read.
 struct Source {
     path: PathBuf,
-    /// Lines played before `lines` (a compressed log's end: its summary and last frames),
-    /// and how many of them were read.
-    head: Vec<String>,
+    /// Records played before `lines` (a compressed log's end: its summary and last
+    /// frames), parsed ahead, and how many of them were read.
+    head: Vec<Parsed>,
     head_read: usize,
     lines: ChainLines,
     /// Where `lines` started, when not at the log's start.
@@ -320,7 +320,7 @@ impl Source {
         }
     }
 
-    /// Lines of the head played (the pending one excepted).
+    /// Records of the head played (the pending one excepted).
     fn delivered_head(&self) -> usize {
         self.head_read - usize::from(self.pending.is_some() && self.pending_from_head)
     }
@@ -349,34 +349,63 @@ impl Source {
             rest,
             origin,
         } = end;
+        let mut head = parse_all(std::mem::take(&mut lines));
         if summarized > 0 {
-            let at = whole_from.min(lines.len());
-            let (t, text) = jump_notice(&lines, at, summarized);
+            let at = whole_from.min(head.len());
+            let (t, text) = jump_notice(&head, at, summarized);
             let msg = Telemetry::Notice(Notice::new(Level::Info, "replay", text));
-            lines.insert(at, Record::new(0.0, t, msg).to_line());
+            head.insert(at, Ok(Record::new(0.0, t, msg)));
         }
         Source {
-            head: lines,
+            head,
             origin: Some(origin),
             ..Source::new(path, rest)
         }
     }
 }
 
+/// A line read as a record (or why it is not one).
+type Parsed = Result<Record, BadRecord>;
+
+/// Parses `lines` on the machine's cores: a week's log's end is some 50,000 records, whose
+/// parsing is most of the time `--end` takes.
+fn parse_all(lines: Vec<String>) -> Vec<Parsed> {
+    let parse = |chunk: &[String]| -> Vec<Parsed> {
+        chunk.iter().map(|l| Record::from_line(l.trim())).collect()
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    if threads == 1 || lines.len() < 4096 {
+        return parse(&lines);
+    }
+    let chunk = lines.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let parts: Vec<_> = lines
+            .chunks(chunk)
+            .map(|c| (c, s.spawn(move || parse(c))))
+            .collect();
+        // A thread that cannot run leaves its part to this one.
+        parts
+            .into_iter()
+            .flat_map(|(c, h)| h.join().unwrap_or_else(|_| parse(c)))
+            .collect()
+    })
+}
+
 /// What a jump to a compressed log's end says: how many steps (records, in a log
 /// without steps) before the first one shown whole are shown one point per frame; and the
 /// time to say it at.
-fn jump_notice(lines: &[String], whole_from: usize, summarized: u64) -> (f64, String) {
-    let parsed = |l: &String| Record::from_line(l.trim()).ok();
-    let start_step = lines[..whole_from]
+fn jump_notice(head: &[Parsed], whole_from: usize, summarized: u64) -> (f64, String) {
+    let parsed = |p: &Parsed| p.as_ref().ok().cloned();
+    let start_step = head[..whole_from]
         .iter()
+        .take(64)
         .filter_map(parsed)
         .find_map(|r| match r.msg {
             Telemetry::RunStarted(info) => Some(info.start_step),
             _ => None,
         })
         .unwrap_or(0);
-    let first_whole = lines[whole_from..]
+    let first_whole = head[whole_from..]
         .iter()
         .take(64)
         .filter_map(parsed)
@@ -384,7 +413,7 @@ fn jump_notice(lines: &[String], whole_from: usize, summarized: u64) -> (f64, St
             Telemetry::Step(s) => Some((r.t, s.step)),
             _ => None,
         });
-    let t = lines[..whole_from]
+    let t = head[..whole_from]
         .iter()
         .rev()
         .find_map(parsed)
@@ -410,6 +439,28 @@ fn jump_notice(lines: &[String], whole_from: usize, summarized: u64) -> (f64, St
                 fmt_count(summarized)
             ),
         ),
+    }
+}
+
+/// The next line of `src` that is not blank; `None` at its end (for now, when followed);
+/// an error (said) stops the following.
+fn read_line(src: &mut Source, follow: &mut bool) -> Result<Option<String>, String> {
+    loop {
+        let line = match src.lines.next_line() {
+            Ok(Line::Whole(line)) => line,
+            Ok(Line::End) if *follow => return Ok(None),
+            Ok(Line::End) => match src.lines.rest() {
+                Some(line) => line,
+                None => return Ok(None),
+            },
+            Err(e) => {
+                *follow = false;
+                return Err(format!("reading {} failed: {e}", src.path.display()));
+            }
+        };
+        if !line.trim().is_empty() {
+            return Ok(Some(line));
+        }
     }
 }
 
@@ -540,34 +591,27 @@ impl Player {
             skipped,
             ..
         } = self;
+        // Only a job's panels read a log's head again (a switch of rank).
+        let keep_head = sources.len() > 1;
         let src = &mut sources[i];
         loop {
             let start = src.lines.position();
             let from_head = src.head_read < src.head.len();
-            let next = match from_head {
-                true => {
-                    src.head_read += 1;
-                    Ok(Line::Whole(src.head[src.head_read - 1].clone()))
+            let parsed = if from_head {
+                let slot = &mut src.head[src.head_read];
+                src.head_read += 1;
+                match keep_head {
+                    true => slot.clone(),
+                    false => std::mem::replace(slot, Err(BadRecord::NoKind)),
                 }
-                false => src.lines.next_line(),
-            };
-            let line = match next {
-                Ok(Line::Whole(line)) => line,
-                Ok(Line::End) if *follow => return Read::End,
-                Ok(Line::End) => match src.lines.rest() {
-                    Some(line) => line,
-                    None => return Read::End,
-                },
-                Err(e) => {
-                    *follow = false;
-                    return Read::Failed(format!("reading {} failed: {e}", src.path.display()));
+            } else {
+                match read_line(src, follow) {
+                    Ok(Some(line)) => Record::from_line(line.trim()),
+                    Ok(None) => return Read::End,
+                    Err(text) => return Read::Failed(text),
                 }
             };
-            let line = line.trim();
-            if line.is_empty() {
-                continue;
-            }
-            match Record::from_line(line) {
+            match parsed {
                 Ok(rec) => {
                     *total = total.max(rec.t);
                     src.pending = Some(rec);
@@ -690,7 +734,11 @@ impl Player {
             Some(origin) => ChainLines::resume(&src.path, origin),
             None => ChainLines::open(&src.path),
         };
-        let mut lines: Vec<String> = src.head[..head].to_vec();
+        let played: Vec<Record> = src.head[..head]
+            .iter()
+            .filter_map(|p| p.as_ref().ok().cloned())
+            .collect();
+        let mut lines = Vec::new();
         let Ok(mut again) = again else {
             let text = format!(
                 "{} cannot be read again for rank {rank}'s panels",
@@ -710,10 +758,12 @@ impl Player {
                 _ => break,
             }
         }
-        for line in lines {
-            match Record::from_line(line.trim()) {
-                Ok(rec) if !matches!(rec.msg, Telemetry::JobRanks(_)) => self.out.send(rec)?,
-                _ => {}
+        let read = lines
+            .iter()
+            .filter_map(|l| Record::from_line(l.trim()).ok());
+        for rec in played.into_iter().chain(read) {
+            if !matches!(rec.msg, Telemetry::JobRanks(_)) {
+                self.out.send(rec)?;
             }
         }
         Ok(())

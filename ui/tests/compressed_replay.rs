@@ -352,3 +352,91 @@ fn a_zst_log_cut_mid_frame_replays_what_was_flushed_and_ends_as_usual() {
     want.push("the replay reached the end of the log".into());
     assert_eq!(got, want);
 }
+
+/// What a replay that goes on (a job's, which serves rank switches after its end)
+/// delivers until it has been quiet a while, merged as [`drain`] merges.
+fn drain_quiet(feed: &Feed) -> Vec<Record> {
+    let (mut events, mut metrics) = (Vec::new(), Vec::new());
+    loop {
+        select! {
+            recv(feed.events) -> r => events.push(r.expect("the replay goes on")),
+            recv(feed.metrics) -> r => metrics.push(r.expect("the replay goes on")),
+            default(Duration::from_millis(500)) => break,
+        }
+    }
+    let mut all = Vec::with_capacity(events.len() + metrics.len());
+    let mut m = metrics.into_iter().peekable();
+    for e in events {
+        while let Some(r) = m.next_if(|r| r.t < e.t) {
+            all.push(r);
+        }
+        all.push(e);
+    }
+    all.extend(m);
+    all
+}
+
+/// A rank's run: the synthetic run named as torchrun's rank `rank`, its losses its own.
+fn rank_records(rank: u32, steps: u64) -> Vec<Record> {
+    let mut recs = records(steps);
+    for r in &mut recs {
+        match &mut r.msg {
+            Telemetry::RunStarted(info) => info.run_name = format!("ddp.j1.rank{rank}"),
+            Telemetry::Step(s) => s.loss += rank as f64,
+            _ => {}
+        }
+    }
+    recs
+}
+
+#[test]
+fn end_on_a_jobs_compressed_logs_switches_ranks_to_the_same_end_state() {
+    let dir = TempDir::new();
+    let steps = 7_000;
+    let logs: Vec<PathBuf> = (0..2)
+        .map(|rank| dir.0.join(format!("rank{rank}.jsonl.zst")))
+        .collect();
+    write_zst(&logs[0], &rank_records(0, steps), 500);
+    // Rank 1's log is live: its last frame open (flushed), read on from its index.
+    let mut w = FrameWriter::new(File::create(&logs[1]).unwrap()).unwrap();
+    let recs = rank_records(1, steps);
+    let open_from = recs.len() - 300;
+    for (i, r) in recs.iter().enumerate() {
+        w.write_record(r).unwrap();
+        if (i + 1).is_multiple_of(500) || i + 1 == open_from {
+            w.end_frame().unwrap();
+        }
+    }
+    w.flush().unwrap();
+    let alone = drain(&replay_feed(&logs[1], at_end()).unwrap());
+    let feed = headroom_ui::replay_job_feed(&logs, at_end()).unwrap();
+    let first = drain_quiet(&feed);
+    assert!(
+        notice_texts(&first)
+            .iter()
+            .any(|t| t.starts_with("jumped to the end")),
+        "rank 0's end is a summary"
+    );
+    feed.select_rank.as_ref().unwrap().send(1).unwrap();
+    let news = feed.link.recv_timeout(WAIT).expect("the switch is said");
+    assert!(
+        matches!(news, headroom_ui::Link::Connected { .. }),
+        "{news:?}"
+    );
+    let switched = drain_quiet(&feed);
+    // Rank 1's panels: what its own `--end` replay delivers (its end notice aside).
+    let words = |recs: &[Record]| -> Vec<String> {
+        recs.iter()
+            .filter(
+                |r| !matches!(&r.msg, Telemetry::Notice(n) if n.text.contains("end of the log")),
+            )
+            .map(compact_line)
+            .collect()
+    };
+    assert_eq!(words(&switched), words(&alone));
+    let b = app_of(&switched);
+    assert_eq!(
+        b.last_step.as_ref().map(|s| (s.step, s.loss)),
+        app_of(&alone).last_step.as_ref().map(|s| (s.step, s.loss))
+    );
+}

@@ -12,6 +12,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use zstd::bulk::Decompressor;
 
 use super::index::{frame_len_from_trailer, IndexEntry, TAG};
 use super::names::{chain, is_compressed};
@@ -22,6 +23,9 @@ use super::read::{ChainLines, Line, Origin};
 pub const WINDOW: u64 = 2 << 20;
 /// Records decoded whole at the end, at least: the charts' recent stretch at full detail.
 pub const KEEP_RECORDS: u64 = 20_000;
+/// The most an index's `events` or `digest` frame decodes to: a data frame's JSONL
+/// (at most 1 MiB) and then some.
+const SUMMARY_MAX: usize = 4 << 20;
 
 /// What `replay --end` delivers at once, and where it goes on.
 pub struct End {
@@ -192,6 +196,9 @@ fn piece(name: &Path, live: Option<File>) -> io::Result<(Piece, u64)> {
 /// The index frames of a compressed file of `len` bytes, oldest first, and where what
 /// follows the last one starts; `None` when they cannot be found or do not hold together.
 fn indexes(file: &File, len: u64) -> Option<(Vec<Framed>, u64)> {
+    // One decoder for every small frame: a fresh context per frame would cost more than
+    // the decoding (thousands of frames in a week's log).
+    let mut unpack = Decompressor::new().ok()?;
     let (last, open_from) = last_index(file, len)?;
     let Some((mut at, mut entry)) = last else {
         return Some((vec![], open_from));
@@ -199,7 +206,7 @@ fn indexes(file: &File, len: u64) -> Option<(Vec<Framed>, u64)> {
     let mut frames = vec![];
     loop {
         let prev = entry.prev;
-        let summary = summary(&entry).ok()?;
+        let summary = summary(&entry, &mut unpack).ok()?;
         frames.push(Framed { entry, summary });
         let Some(p) = prev else { break };
         // Offsets only go back: a damaged `prev` cannot loop.
@@ -271,9 +278,9 @@ fn t_of(line: &str) -> f64 {
 }
 
 /// A frame's events and digest, in time order.
-fn summary(e: &IndexEntry) -> io::Result<Vec<String>> {
-    let events = lines_of(&zstd::stream::decode_all(&e.events[..])?);
-    let mut digest = lines_of(&zstd::stream::decode_all(&e.digest[..])?);
+fn summary(e: &IndexEntry, unpack: &mut Decompressor<'static>) -> io::Result<Vec<String>> {
+    let events = lines_of(&unpack.decompress(&e.events, SUMMARY_MAX)?);
+    let mut digest = lines_of(&unpack.decompress(&e.digest, SUMMARY_MAX)?);
     // One record per kind, in the order kinds came: sorted, merged with the events.
     let mut digest: Vec<(f64, String)> = digest.drain(..).map(|l| (t_of(&l), l)).collect();
     digest.sort_by(|a, b| a.0.total_cmp(&b.0));
