@@ -56,6 +56,17 @@ fn main() {
         size as f64 / steps as f64
     );
 
+    // Its first part alone: finding the frames and decoding the summary and last frames.
+    let started = Instant::now();
+    let end = headroom_core::logfile::end::open_at_end(&path).expect("the end");
+    println!(
+        "  index walk      {:.0} ms ({} lines, {} records summarised)",
+        started.elapsed().as_secs_f64() * 1e3,
+        end.lines.len(),
+        end.summarized
+    );
+    drop(end);
+
     // `--end`: from opening the log to the end notice, every record before it taken.
     let started = Instant::now();
     let feed = replay_feed(
