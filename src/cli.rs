@@ -67,9 +67,15 @@ pub struct TrainArgs {
     /// No dashboard: progress lines on stderr (automatic when stdout is not a terminal)
     #[arg(long)]
     pub headless: bool,
-    /// Write every telemetry record and event as JSON lines (docs/LOG_SCHEMA.md)
+    /// Write every telemetry record and event as JSON lines (docs/LOG_SCHEMA.md); a name
+    /// ending in .zst is written zstd-compressed (`zstdcat FILE | jq`), about 100 bytes a
+    /// step
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
+    /// Close the log at a size (256MiB) or an age (12h, 1d) and go on in a fresh file; the
+    /// closed ones are FILE's numbered segments (run.1.jsonl.zst, …), replayed as one log
+    #[arg(long, value_name = "SIZE|AGE", requires = "log")]
+    pub log_rotate: Option<headroom_core::logfile::Rotate>,
     /// Steps between checkpoints (0: only when the run ends or stops)
     #[arg(long, value_name = "N")]
     pub checkpoint_every: Option<u64>,

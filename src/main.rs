@@ -127,7 +127,8 @@ fn train(mut args: TrainArgs) -> Result<u8> {
         .log
         .as_deref()
         .map(|p| logger::open(p, &inputs, Some(&checkpoint_dir), fifo_wait()))
-        .transpose()?;
+        .transpose()?
+        .map(|l| l.with_rotation(args.log_rotate));
 
     // Checked before anything starts: a bad --listen is the user's to fix now.
     if let Some(l) = &args.listen {

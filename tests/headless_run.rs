@@ -407,3 +407,116 @@ fn an_oom_snapshot_asked_on_the_cpu_is_said_off_and_writes_nothing() {
         .collect();
     assert!(pickles.is_empty(), "{pickles:?}");
 }
+
+/// A `.zst` log holds what a plain one does, `headroom cat` prints it for jq, and a name
+/// with an earlier run's rotated segments beside it is refused before anything runs.
+#[test]
+fn a_compressed_log_holds_the_plain_logs_records_and_cat_prints_them() {
+    let dir = tempfile::tempdir().unwrap();
+    for log in ["run.jsonl", "run.jsonl.zst"] {
+        let out = train_tiny(dir.path(), &["--log", log, "--steps", "40", "--overwrite"]);
+        assert!(out.status.success(), "{log}: {}", stderr(&out));
+    }
+    let plain = read_log(&dir.path().join("run.jsonl"));
+    let zst = dir.path().join("run.jsonl.zst");
+    let cat = common::bin().arg("cat").arg(&zst).output().unwrap();
+    assert!(cat.status.success(), "{}", stderr(&cat));
+    let text = String::from_utf8(cat.stdout).unwrap();
+    let packed: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    assert_eq!(logged_steps(&packed), (1..=40).collect::<Vec<_>>());
+    let kinds = |log: &[serde_json::Value]| {
+        let mut k: Vec<String> = log.iter().map(|r| r["kind"].to_string()).collect();
+        k.sort();
+        k
+    };
+    // Samples come at their own rate, and a second run's notices differ (the first's
+    // checkpoints overwritten): the two runs differ there only.
+    let no_samples = |log: &[serde_json::Value]| -> Vec<serde_json::Value> {
+        log.iter()
+            .filter(|r| r["kind"] != "sample" && r["kind"] != "notice")
+            .cloned()
+            .collect()
+    };
+    assert_eq!(kinds(&no_samples(&packed)), kinds(&no_samples(&plain)));
+    assert!(
+        std::fs::metadata(&zst).unwrap().len() * 3
+            < std::fs::metadata(dir.path().join("run.jsonl"))
+                .unwrap()
+                .len(),
+        "compressed to under a third"
+    );
+    // Losses are the same to single precision.
+    let losses = |log: &[serde_json::Value]| -> Vec<f64> {
+        of_kind(log, "step")
+            .iter()
+            .map(|r| r["loss"].as_f64().unwrap())
+            .collect()
+    };
+    for (a, b) in losses(&packed).iter().zip(losses(&plain)) {
+        assert!((a - b).abs() <= 1e-6 * b.abs(), "{a} vs {b}");
+    }
+
+    std::fs::copy(&zst, dir.path().join("run.1.jsonl.zst")).unwrap();
+    let out = train_tiny(
+        dir.path(),
+        &["--log", "run.jsonl.zst", "--steps", "2", "--overwrite"],
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("rotated segments"),
+        "{}",
+        stderr(&out)
+    );
+    let out = train_tiny(dir.path(), &["--log", "x.jsonl", "--log-rotate", "30m"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("30min"), "{}", stderr(&out));
+}
+
+/// Where a distribution puts jemalloc; `None` on a machine without it.
+fn jemalloc() -> Option<std::path::PathBuf> {
+    [
+        "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+        "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
+        "/usr/lib64/libjemalloc.so.2",
+        "/usr/lib/libjemalloc.so.2",
+    ]
+    .iter()
+    .map(std::path::PathBuf::from)
+    .find(|p| p.exists())
+}
+
+/// Under another malloc (preloaded) the run says so at its start, and glibc's heap
+/// allowance is off; under glibc's nothing is said.
+#[test]
+fn another_malloc_preloaded_is_said_and_glibc_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let said = |log: &str| -> Vec<String> {
+        of_kind(&read_log(&dir.path().join(log)), "notice")
+            .iter()
+            .filter_map(|n| n["text"].as_str().map(str::to_string))
+            .filter(|t| t.contains("malloc here is not glibc's"))
+            .collect()
+    };
+    let out = train_tiny(dir.path(), &["--log", "glibc.jsonl", "--steps", "2"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(said("glibc.jsonl").is_empty());
+    let Some(lib) = jemalloc() else {
+        eprintln!("skipped the preloaded half: no libjemalloc.so.2 on this machine");
+        return;
+    };
+    let out = common::bin()
+        .current_dir(dir.path())
+        .env("LD_PRELOAD", &lib)
+        .args(["train", "--headless", "--config"])
+        .arg(common::fixture("tiny.toml"))
+        .args(["--log", "je.jsonl", "--steps", "2", "--overwrite"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let notes = said("je.jsonl");
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(notes[0].contains(&*lib.to_string_lossy()), "{}", notes[0]);
+}

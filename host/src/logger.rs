@@ -1,5 +1,6 @@
-//! The JSONL run log: one object per telemetry message, `{"ts":…,"t":…,"kind":…,…}`.
-//! Schema: docs/LOG_SCHEMA.md.
+//! The JSONL run log: one object per telemetry message, `{"ts":…,"t":…,"kind":…,…}`,
+//! plain or zstd-framed (a name ending in `.zst`), rotated into numbered segments when
+//! asked. Schema and format: docs/LOG_SCHEMA.md; the encoding: core/src/logfile.
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -9,7 +10,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use crossbeam_channel::Receiver;
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use headroom_core::logfile::{self, FrameWriter, Rotate};
 use headroom_core::{Bus, Level, Notice, Record, Telemetry};
 
 pub struct LogWriter {
@@ -34,24 +36,31 @@ pub struct PendingLog {
     created_file: bool,
     /// Directories `open` created, deepest first.
     created_dirs: Vec<PathBuf>,
+    rotate: Option<Rotate>,
 }
+
+/// How long a compressed log may hold a high-rate record before making it readable: each
+/// flush ends a zstd block, and flushing every record of a fast run would cost most of
+/// the compression. Records that are not high-rate are flushed at once.
+pub const ZST_FLUSH: Duration = Duration::from_secs(1);
 
 /// Where a Python run's `log=` goes: the path itself when it is new, empty or not a
 /// regular file (a FIFO, /dev/stdout), else the first free `STEM-2.EXT`, `STEM-3.EXT`, …
 /// beside it: a script or notebook cell run again keeps the earlier run's log, as a fresh
 /// `headroom train` keeps the earlier run's checkpoints (`runs/NAME-N`).
 pub fn next_free(path: &Path) -> PathBuf {
-    let taken = |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.len() > 0);
+    // A name whose rotated segments lie beside it is an earlier run's log too.
+    let taken = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.len() > 0)
+            || !logfile::segments(p).is_empty()
+    };
     if !taken(path) {
         return path.to_path_buf();
     }
-    let stem = path.file_stem().unwrap_or_default().to_string_lossy();
-    let ext = path
-        .extension()
-        .map_or(String::new(), |e| format!(".{}", e.to_string_lossy()));
+    let (stem, ext) = logfile::names::split_name(path);
     (2u32..)
         .map(|n| path.with_file_name(format!("{stem}-{n}{ext}")))
-        .find(|p| !p.exists())
+        .find(|p| !p.exists() && !taken(p))
         .expect("some numbered name is free")
 }
 
@@ -75,6 +84,15 @@ pub fn open(
             path.display(),
             checkpoints.display(),
             checkpoints.display()
+        );
+    }
+    if let Some(first) = logfile::segments(path).first() {
+        bail!(
+            "--log {} has rotated segments of an earlier log beside it ({} …), which a replay \
+             of this name would play before the new run; move them away or choose another \
+             --log path",
+            path.display(),
+            first.display()
         );
     }
     for (what, input) in inputs {
@@ -120,6 +138,7 @@ pub fn open(
             file,
             created_file,
             created_dirs,
+            rotate: None,
         }),
         Err(e) => {
             remove_dirs(&created_dirs);
@@ -236,6 +255,13 @@ fn remove_dirs(dirs: &[PathBuf]) {
 }
 
 impl PendingLog {
+    /// Rotate the log when it reaches a size or an age (`--log-rotate`, `log_rotate=`).
+    /// Only a regular file rotates: a FIFO or `/dev/stdout` cannot be renamed away.
+    pub fn with_rotation(mut self, rotate: Option<Rotate>) -> PendingLog {
+        self.rotate = rotate;
+        self
+    }
+
     /// The run did not start: leave no trace of the log.
     pub fn abandon(self) {
         drop(self.file);
@@ -247,12 +273,85 @@ impl PendingLog {
 
     /// The run started: truncate (regular files only: `/dev/null` or a pipe cannot be)
     /// and write from the start.
-    fn commit(self) -> std::io::Result<BufWriter<File>> {
-        if self.file.metadata()?.is_file() {
+    fn commit(self) -> std::io::Result<(Sink, Option<Rotate>)> {
+        let regular = self.file.metadata()?.is_file();
+        if regular {
             self.file.set_len(0)?;
         }
-        Ok(BufWriter::new(self.file))
+        let sink = Sink::new(&self.path, self.file)?;
+        Ok((sink, self.rotate.filter(|_| regular)))
     }
+}
+
+/// The open log file, in its format.
+enum Sink {
+    Plain { out: BufWriter<File>, written: u64 },
+    Zst(FrameWriter<BufWriter<File>>),
+}
+
+impl Sink {
+    fn new(path: &Path, file: File) -> std::io::Result<Sink> {
+        let out = BufWriter::new(file);
+        Ok(if logfile::is_compressed(path) {
+            Sink::Zst(FrameWriter::new(out)?)
+        } else {
+            Sink::Plain { out, written: 0 }
+        })
+    }
+
+    fn write(&mut self, rec: &Record) -> std::io::Result<()> {
+        match self {
+            Sink::Plain { out, written } => {
+                let line = rec.to_line();
+                *written += line.len() as u64 + 1;
+                writeln!(out, "{line}")
+            }
+            Sink::Zst(w) => w.write_record(rec),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Sink::Plain { out, .. } => out.flush(),
+            Sink::Zst(w) => w.flush(),
+        }
+    }
+
+    fn bytes(&self) -> u64 {
+        match self {
+            Sink::Plain { written, .. } => *written,
+            Sink::Zst(w) => w.bytes_written(),
+        }
+    }
+
+    /// The file complete: a compressed one ends its last frame and index.
+    fn close(self) -> std::io::Result<()> {
+        match self {
+            Sink::Plain { mut out, .. } => out.flush(),
+            Sink::Zst(w) => w.finish()?.flush(),
+        }
+    }
+}
+
+/// Renames the live file to the next numbered segment, ends it there (a compressed one
+/// with its last index) and opens a fresh one at `path`. When the rename fails the sink
+/// comes back untouched, to go on writing where it was.
+fn rotate(
+    path: &Path,
+    sink: Sink,
+    segment: u32,
+) -> Result<std::io::Result<Sink>, (Box<Sink>, String)> {
+    let renamed = logfile::segment_path(path, segment);
+    if let Err(e) = std::fs::rename(path, &renamed) {
+        return Err((
+            Box::new(sink),
+            format!("renaming it to {} failed: {e}", renamed.display()),
+        ));
+    }
+    Ok(sink
+        .close()
+        .and_then(|()| File::create(path))
+        .and_then(|file| Sink::new(path, file)))
 }
 
 impl LogWriter {
@@ -280,33 +379,88 @@ impl LogWriter {
                     )));
                     *failed = Some(msg);
                 };
-                let mut out = match log.commit() {
-                    Ok(out) => Some(out),
+                let compressed = logfile::is_compressed(&path);
+                let (mut out, rotation) = match log.commit() {
+                    Ok((sink, rotation)) => (Some(sink), rotation),
                     Err(e) => {
                         warn(&mut failed, e);
-                        None
+                        (None, None)
                     }
                 };
-                for line in lines.iter() {
+                let mut rotation = rotation.map(|r| (r, Instant::now(), 0u32));
+                // A compressed log's high-rate records wait at most ZST_FLUSH for a flush.
+                let mut unflushed_since: Option<Instant> = None;
+                loop {
+                    let line = match unflushed_since {
+                        Some(since) => match lines.recv_deadline(since + ZST_FLUSH) {
+                            Ok(line) => line,
+                            Err(RecvTimeoutError::Timeout) => {
+                                unflushed_since = None;
+                                if let Some(Err(e)) = out.as_mut().map(Sink::flush) {
+                                    warn(&mut failed, e);
+                                    out = None;
+                                }
+                                continue;
+                            }
+                            Err(RecvTimeoutError::Disconnected) => break,
+                        },
+                        None => match lines.recv() {
+                            Ok(line) => line,
+                            Err(_) => break,
+                        },
+                    };
                     counter.fetch_add(1, Ordering::Relaxed);
                     // After a failure: keep draining, write nothing.
                     let Some(w) = out.as_mut() else {
                         continue;
                     };
                     let lifecycle = !line.msg.is_high_rate();
-                    let mut res = writeln!(w, "{}", line.to_line());
+                    let mut res = w.write(&line);
                     // Flush on lifecycle events so a crash loses at most a few steps'
-                    // figures, never the record of what happened.
-                    if res.is_ok() && (lifecycle || lines.is_empty()) {
+                    // figures, never the record of what happened; a plain log also when
+                    // the queue is empty, a compressed one a second later at most.
+                    let now = lifecycle || (!compressed && lines.is_empty());
+                    if res.is_ok() && now {
                         res = w.flush();
+                        unflushed_since = None;
+                    } else if res.is_ok() {
+                        unflushed_since.get_or_insert_with(Instant::now);
                     }
                     if let Err(e) = res {
                         warn(&mut failed, e);
                         out = None;
+                        continue;
+                    }
+                    let due = rotation.as_ref().is_some_and(|(r, opened, _)| match r {
+                        Rotate::Size(max) => w.bytes() >= *max,
+                        Rotate::Every(age) => opened.elapsed() >= *age,
+                    });
+                    if due {
+                        let (_, opened, segment) = rotation.as_mut().expect("due");
+                        *segment += 1;
+                        let sink = out.take().expect("written above");
+                        match rotate(&path, sink, *segment) {
+                            Ok(Ok(fresh)) => {
+                                out = Some(fresh);
+                                *opened = Instant::now();
+                                unflushed_since = None;
+                            }
+                            Ok(Err(e)) => warn(&mut failed, e),
+                            Err((sink, why)) => {
+                                out = Some(*sink);
+                                rotation = None;
+                                let text = format!(
+                                    "log {} cannot rotate ({why}); it goes on growing under \
+                                     its name",
+                                    path.display()
+                                );
+                                ui.send(Telemetry::Notice(Notice::new(Level::Warn, "log", text)));
+                            }
+                        }
                     }
                 }
-                if let Some(w) = out.as_mut() {
-                    if let Err(e) = w.flush() {
+                if let Some(w) = out.take() {
+                    if let Err(e) = w.close() {
                         failed = Some(format!("flushing log {} failed: {e}", path.display()));
                     }
                 }
@@ -541,5 +695,134 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(text.lines().count(), 1, "{text}");
         assert!(text.contains("\"paused\""), "{text}");
+    }
+
+    /// Notices of `n` bytes of text no compressor can shrink: a log that grows on disk.
+    fn noisy(i: u64, n: usize) -> Telemetry {
+        let text: String = (0..n as u64)
+            .map(|k| (b'a' + (headroom_core::units::splitmix64(i * 7919 + k) % 26) as u8) as char)
+            .collect();
+        Telemetry::Notice(Notice::new(Level::Info, "test", text))
+    }
+
+    fn zst_lines(path: &Path) -> Vec<String> {
+        let bytes = std::fs::read(path).unwrap();
+        let text = String::from_utf8(zstd::decode_all(&bytes[..]).unwrap()).unwrap();
+        text.lines().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn a_zst_log_is_zstd_framed_jsonl_that_ends_with_its_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.jsonl.zst");
+        let (bus, rx) = Bus::new(true);
+        let writer = LogWriter::start(
+            open(&path, &[], None, WAIT).unwrap(),
+            rx.log.unwrap(),
+            bus.ui_only(),
+        );
+        for i in 0..100 {
+            bus.send(Telemetry::Status {
+                status: if i % 2 == 0 {
+                    RunStatus::Paused
+                } else {
+                    RunStatus::Running
+                },
+            });
+        }
+        drop(bus);
+        assert_eq!(writer.finish(WAIT), None);
+        let lines = zst_lines(&path);
+        assert_eq!(lines.len(), 100);
+        assert!(lines[0].contains("\"paused\"") && lines[1].contains("\"running\""));
+        let bytes = std::fs::read(&path).unwrap();
+        assert!(
+            headroom_core::logfile::index::frame_len_from_trailer(&bytes).is_some(),
+            "a finished compressed log ends with an index frame"
+        );
+    }
+
+    #[test]
+    fn a_rotated_log_is_a_chain_of_segments_holding_every_record_once_in_order() {
+        for name in ["run.jsonl", "run.jsonl.zst"] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join(name);
+            // Room for every notice on the unread screen queue too: no loss notices.
+            let (bus, rx) = Bus::with_capacities(true, 4096, 64, 8192);
+            let writer = LogWriter::start(
+                open(&path, &[], None, WAIT)
+                    .unwrap()
+                    .with_rotation(Some(Rotate::Size(1 << 20))),
+                rx.log.unwrap(),
+                bus.ui_only(),
+            );
+            // 3.5 MiB that does not compress: three full segments and the live file.
+            for i in 0..875 {
+                bus.send(noisy(i, 4096));
+            }
+            drop(bus);
+            assert_eq!(writer.finish(Duration::from_secs(30)), None, "{name}");
+            let chain = logfile::chain(&path);
+            assert_eq!(chain.len(), 4, "{name}: {chain:?}");
+            assert_eq!(chain[0], logfile::segment_path(&path, 1));
+            let mut seen = Vec::new();
+            for file in &chain {
+                let lines = if logfile::is_compressed(file) {
+                    zst_lines(file)
+                } else {
+                    std::fs::read_to_string(file)
+                        .unwrap()
+                        .lines()
+                        .map(str::to_string)
+                        .collect()
+                };
+                if file != &path {
+                    // At the size, past it by what zstd still held (a block or two).
+                    let size = std::fs::metadata(file).unwrap().len();
+                    assert!(
+                        (1 << 20..(1 << 20) + (512 << 10)).contains(&size),
+                        "{file:?} {size}"
+                    );
+                }
+                seen.extend(
+                    lines
+                        .iter()
+                        .map(|l| match Record::from_line(l).unwrap().msg {
+                            Telemetry::Notice(n) => n.text,
+                            other => panic!("{other:?}"),
+                        }),
+                );
+            }
+            let expected: Vec<String> = (0..875)
+                .map(|i| match noisy(i, 4096) {
+                    Telemetry::Notice(n) => n.text,
+                    _ => unreachable!(),
+                })
+                .collect();
+            let first_bad = seen.iter().zip(&expected).position(|(a, b)| a != b);
+            assert!(
+                seen == expected,
+                "{name}: every record once, in order: {} of {}, first differing {first_bad:?}",
+                seen.len(),
+                expected.len()
+            );
+            // The next run on this name is refused; a Python run takes the next free name.
+            let err = format!("{:#}", open(&path, &[], None, WAIT).err().unwrap());
+            assert!(err.contains("rotated segments"), "{err}");
+            let (stem, ext) = logfile::names::split_name(&path);
+            assert_eq!(next_free(&path), dir.path().join(format!("{stem}-2{ext}")));
+        }
+    }
+
+    #[test]
+    fn next_free_keeps_the_whole_log_ending() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("gpt.jsonl.zst");
+        std::fs::write(&log, "x").unwrap();
+        assert_eq!(next_free(&log), dir.path().join("gpt-2.jsonl.zst"));
+        // A name whose live file is gone but whose segments remain is taken too.
+        let other = dir.path().join("b.jsonl");
+        std::fs::write(dir.path().join("b.1.jsonl"), "{}\n").unwrap();
+        assert_eq!(next_free(&other), dir.path().join("b-2.jsonl"));
     }
 }

@@ -152,6 +152,19 @@ pub fn heap_stats() -> Option<HeapStats> {
     })
 }
 
+/// Whether this process's malloc is glibc's. Another allocator preloaded (jemalloc,
+/// mimalloc, tcmalloc: `LD_PRELOAD`) serves every allocation, libtorch's included, and
+/// leaves glibc's arenas empty, so `mallinfo2` reports nothing; its heap does not keep
+/// freed tensors' memory fragmented the way glibc's does (docs/BENCHMARKS.md, "Another
+/// malloc").
+pub fn glibc_malloc() -> bool {
+    // SAFETY: mallinfo2 only reads glibc's arenas (under their locks) into a plain struct.
+    let m = unsafe { libc::mallinfo2() };
+    // The process has allocated by now (its arguments, its runtime): an empty arena means
+    // those allocations went elsewhere.
+    m.arena > 0 || m.hblkhd > 0
+}
+
 /// Whether glibc's mmap threshold is set for this process (by the user through
 /// `GLIBC_TUNABLES`, or by a hard cap, [`set_hard_limit`]): then the resident set follows
 /// live tensors, and freed ones leave no fragments in the heap.
@@ -162,7 +175,8 @@ pub fn mmap_threshold_set(hard_limit: bool) -> bool {
 /// `cfg` with what the controller must know of the run's memory meter, said once for
 /// `headroom train` and a Python run alike: the CUDA meter is the allocator's peak, which
 /// repeats to the byte at one size, the CPU meter the resident set, which scatters; and on
-/// the CPU glibc's heap keeps freed tensors' memory fragmented unless tensors are mmapped.
+/// the CPU glibc's heap keeps freed tensors' memory fragmented unless tensors are mmapped
+/// or another malloc serves them.
 pub fn with_meter(
     cfg: headroom_core::policy::ControllerConfig,
     cuda: bool,
@@ -171,7 +185,7 @@ pub fn with_meter(
     use headroom_core::policy::{ALLOCATOR_NOISE, RSS_NOISE};
     headroom_core::policy::ControllerConfig {
         reading_noise: if cuda { ALLOCATOR_NOISE } else { RSS_NOISE },
-        heap_fragments: !cuda && !mmap_threshold_set(hard_limit),
+        heap_fragments: !cuda && !mmap_threshold_set(hard_limit) && glibc_malloc(),
         ..cfg
     }
 }

@@ -49,6 +49,8 @@ impl Sampler {
     ) -> Sampler {
         let (stop, stopped) = bounded::<()>(1);
         let period = Duration::from_secs_f64(1.0 / hz);
+        // To say so if the thread cannot start (the closure, and its bus, are gone then).
+        let told = bus.clone();
         let thread = std::thread::Builder::new()
             .name("sampler".into())
             .spawn(move || {
@@ -64,12 +66,24 @@ impl Sampler {
                         _ => break,
                     }
                 }
-            })
-            .expect("spawning the sampler thread");
-        Sampler {
-            stop,
-            thread: Some(thread),
-        }
+            });
+        // A hard cap with no room left for a thread's stack refuses it: the run goes on
+        // without live figures (each step still reports its own peak), and says so.
+        let thread = match thread {
+            Ok(t) => Some(t),
+            Err(e) => {
+                told.send(Telemetry::Notice(Notice::new(
+                    Level::Warn,
+                    "sampler",
+                    format!(
+                        "the sampler's thread could not start ({e}): no live host or device \
+                         figures this run; each step still records its own peak"
+                    ),
+                )));
+                None
+            }
+        };
+        Sampler { stop, thread }
     }
 }
 

@@ -5,7 +5,7 @@ use headroom_core::config::MemorySection;
 use headroom_core::Notice;
 use headroom_host::procmem;
 use headroom_host::session::{
-    budget_below_held, hard_limit_notice, limit_notice, resolved_auto_budget,
+    budget_below_held, hard_limit_notice, limit_notice, malloc_notice, resolved_auto_budget,
 };
 
 /// The limit a run's usage is a share of, and what to say about it.
@@ -68,6 +68,7 @@ pub fn resolve_limit(
     };
     let thresholds = mem.thresholds().map_err(|e| e.to_string())?;
     notices.push(limit_notice(limit, what, thresholds));
+    notices.extend(malloc_notice(cuda));
     if mem.hard_limit {
         let b = budget.expect("checked above");
         let cap = procmem::set_hard_limit(b)

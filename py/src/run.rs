@@ -147,7 +147,7 @@ impl NativeRun {
         cuda_index=None, device_total=None, allocator=None, memory_budget=None,
         hard_limit=false, thresholds=None, profile=None, adaptive=false, job=None,
         checkpoints=false, precision=None, checkpointing=None, half_precision=None,
-        last_resort=true
+        last_resort=true, log_rotate=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -177,6 +177,7 @@ impl NativeRun {
         checkpointing: Option<String>,
         half_precision: Option<String>,
         last_resort: bool,
+        log_rotate: Option<String>,
     ) -> PyResult<NativeRun> {
         // The levers this run switches itself (precision: its run.backward's autocast;
         // checkpointing: the blocks it names), as they are at the start.
@@ -239,11 +240,16 @@ impl NativeRun {
             )),
             _ => None,
         };
+        let rotate = log_rotate
+            .map(|r| r.parse::<headroom_core::logfile::Rotate>())
+            .transpose()
+            .map_err(|e| value_error(e.replace("log rotation '", "log_rotate='")))?;
         let pending_log = log
             .as_deref()
             .map(|p| logger::open(p, &[], None, Duration::from_secs(10)))
             .transpose()
             .map_err(|e| value_error(format!("{e:#}").replace("--log", "log=")))?;
+        let pending_log = pending_log.map(|l| l.with_rotation(rotate));
         // Last of the checks: a hard cap, once set, is the whole process's.
         let (limit, mut notices) = match resolve_limit(&cfg.memory, cuda, device_total) {
             Ok(r) => r,

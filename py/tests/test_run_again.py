@@ -59,3 +59,38 @@ def test_a_log_holding_an_earlier_run_is_kept_and_the_next_name_used(tmp_path):
     assert step["loss"] == 2.0
     notes = [n["text"] for n in kinds(tmp_path / "gpt-2.jsonl", "notice")]
     assert any("holds an earlier run's log, kept" in t for t in notes), notes
+
+
+def test_a_compressed_rotated_log_holds_every_step_once_and_cat_reads_the_chain(tmp_path):
+    """`log="….jsonl.zst"` with `log_rotate=` writes zstd-framed segments beside the live
+    file; `headroom cat` prints the chain in order; a second run takes the next free name
+    (segments beside a name make it taken)."""
+    import json
+    import random
+    import string
+    import subprocess
+
+    from conftest import headroom_bin
+
+    log = tmp_path / "gpt.jsonl.zst"
+    # Notices that do not compress fill 1 MiB segments fast through the same log path.
+    with headroom.Run("gpt", log=log, log_rotate="1MiB") as run:
+        for i in range(500):
+            noise = "".join(random.Random(i).choices(string.ascii_lowercase, k=4000))
+            run.notice(f"{i:05d} {noise}")
+            run.report(float(i))
+    segments = sorted(p.name for p in tmp_path.glob("gpt.*.jsonl.zst"))
+    # About 1.4 MB on disk: one or two closed segments, numbered from 1.
+    assert segments and segments == sorted(
+        f"gpt.{n}.jsonl.zst" for n in range(1, len(segments) + 1)
+    ), segments
+    out = subprocess.run([headroom_bin(), "cat", str(log)], capture_output=True, check=True)
+    records = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "step"] == list(range(1, 501))
+    assert [r["loss"] for r in records if r["kind"] == "step"][:3] == [0.0, 1.0, 2.0]
+    with headroom.Run("gpt", log=log) as again:
+        assert again.log_path == str(tmp_path / "gpt-2.jsonl.zst")
+    with pytest.raises(ValueError, match="30min"):
+        headroom.Run("bad", log=tmp_path / "x.jsonl", log_rotate="30m")
+    with pytest.raises(ValueError, match="give log= too"):
+        headroom.Run("bad", log_rotate="1d")

@@ -82,9 +82,11 @@ impl HeapWatch {
              the limit) over what the batch needs (the tensors alive in the step, or what \
              this run's own steps predict). glibc keeps \
              freed tensors' memory fragmented, and the micro-batch is sized down for it. To \
-             make memory follow tensors, start the run with \
-             GLIBC_TUNABLES=glibc.malloc.mmap_threshold=1048576 (measured: peaks 9 points \
-             lower, steps 18% slower; 262144: 20 points lower, 35% slower; docs/BENCHMARKS.md)",
+             make memory follow tensors, start the run with jemalloc preloaded \
+             (LD_PRELOAD=libjemalloc.so.2, from the libjemalloc2 package; measured: peaks 15 \
+             points lower at no cost in speed, and the controller settled at twice the \
+             micro-batch) or with GLIBC_TUNABLES=glibc.malloc.mmap_threshold=1048576 (peaks 9 \
+             points lower, steps 18% slower; docs/BENCHMARKS.md, \"Another malloc\")",
             self.over,
             headroom_core::units::fmt_bytes(self.most),
             self.most as f64 * 100.0 / limit as f64
@@ -118,7 +120,8 @@ mod tests {
             "{said}"
         );
         assert!(
-            said.contains("GLIBC_TUNABLES=glibc.malloc.mmap_threshold="),
+            said.contains("GLIBC_TUNABLES=glibc.malloc.mmap_threshold=")
+                && said.contains("LD_PRELOAD=libjemalloc.so.2"),
             "{said}"
         );
         assert_eq!(

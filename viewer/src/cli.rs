@@ -12,6 +12,9 @@ pub enum ViewCommand {
     Attach(AttachArgs),
     /// Open the dashboard on a run's JSONL log (read-only): play, pause, step, jump
     Replay(ReplayArgs),
+    /// Print a run's log as plain JSONL on stdout, a compressed (.zst) or rotated one too
+    /// (its segments first, in order): `headroom cat run.jsonl.zst | jq …`
+    Cat(CatArgs),
 }
 
 /// The viewer alone (the Python package's `headroom` command): `train` is the full
@@ -54,6 +57,13 @@ pub struct AttachArgs {
     /// HEADROOM_TOKEN)
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CatArgs {
+    /// Run logs (`--log FILE`, `log=`), each with its rotated segments, one after another
+    #[arg(value_name = "LOG", required = true, num_args = 1..)]
+    pub log: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, Args)]

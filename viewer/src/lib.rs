@@ -1,6 +1,7 @@
 //! headroom's viewer: the stream's clients (`ls`, `attach`, `replay`) with no libtorch,
 //! so the full `headroom` binary and the Python extension's `headroom` command share it.
 pub mod attach;
+pub mod cat;
 pub mod cli;
 pub mod client;
 pub mod ls;
@@ -9,7 +10,7 @@ pub mod watch;
 use clap::Parser;
 use headroom_host::out;
 
-pub use cli::{AttachArgs, ReplayArgs, ViewCommand, ViewerCli, ViewerOnly};
+pub use cli::{AttachArgs, CatArgs, ReplayArgs, ViewCommand, ViewerCli, ViewerOnly};
 
 /// Which program the viewer runs in: what it advises must be something that program
 /// does (the pip viewer cannot `headroom train`; its user starts runs from Python).
@@ -32,6 +33,7 @@ pub fn run_as(cmd: ViewCommand, program: Program) -> anyhow::Result<()> {
         ViewCommand::Ls => watch::ls(program),
         ViewCommand::Attach(args) => watch::attach(args, program),
         ViewCommand::Replay(args) => watch::replay(args),
+        ViewCommand::Cat(args) => cat::cat(&args),
     }
 }
 

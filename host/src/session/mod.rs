@@ -14,8 +14,8 @@ mod sinks;
 pub use commands::Handled;
 pub use levers::{Measured, PendingSwitch};
 pub use policy::{
-    budget_below_held, controller_config, hard_limit_notice, limit_notice, resolved_auto_budget,
-    resume_controller, resumed_auto_budget, ResumedController,
+    budget_below_held, controller_config, hard_limit_notice, limit_notice, malloc_notice,
+    resolved_auto_budget, resume_controller, resumed_auto_budget, ResumedController,
 };
 pub use sinks::{run_bus, Sinks};
 

@@ -120,6 +120,28 @@ pub fn limit_notice(limit: u64, what: &str, thresholds: Thresholds) -> Notice {
 }
 
 /// A hard cap set at `budget` (RLIMIT_DATA `cap`).
+/// On the CPU, when another malloc than glibc's serves the process (preloaded): said once
+/// at the start, so that a user who preloaded it sees it took, and what it changes.
+pub fn malloc_notice(cuda: bool) -> Option<Notice> {
+    if cuda || procmem::glibc_malloc() {
+        return None;
+    }
+    let preload = std::env::var("LD_PRELOAD").unwrap_or_default();
+    let which = match preload.trim() {
+        "" => "another allocator".to_string(),
+        p => format!("LD_PRELOAD={p}"),
+    };
+    Some(Notice::new(
+        Level::Info,
+        "memory",
+        format!(
+            "malloc here is not glibc's ({which}): freed tensors' memory is not held \
+             fragmented as glibc's heap holds it, so the controller fits the resident set as \
+             it reads (no heap allowance)"
+        ),
+    ))
+}
+
 pub fn hard_limit_notice(budget: u64, cap: u64) -> Notice {
     Notice::new(
         Level::Info,

@@ -170,6 +170,20 @@ def path(what: str, v: Any) -> str | None:
     raise TypeError(f"{what}: got {_got(v)}; give a file path (a str or a pathlib.Path)")
 
 
+def log_rotate(v: Any, log: str | None) -> str | None:
+    """When the log closes and a fresh one starts (its form is checked by the run)."""
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise TypeError(f'log_rotate: got {_got(v)}; give a size ("256MiB") or an age ("1d")')
+    if log is None:
+        raise ValueError(
+            f"log_rotate={v!r} rotates the run's log, and the run has none: give log= too "
+            '(e.g. log="run.jsonl.zst")'
+        )
+    return v
+
+
 def listen(v: Any) -> str | None:
     if v is None:
         return None
@@ -233,6 +247,7 @@ def run_arguments(given: dict[str, Any]) -> SimpleNamespace:
     a.thresholds = thresholds(a.thresholds)
     a.profile = profile(a.profile)
     a.log = path("log", a.log)
+    a.log_rotate = log_rotate(a.log_rotate, a.log)
     a.listen = listen(a.listen)
     callback(
         "on_checkpoint", a.on_checkpoint, "a function fn(step) that saves and returns the path"

@@ -118,6 +118,7 @@ class Run(StopSignals, JobRank):
         checkpoint_blocks: Any = None,
         checkpointing: Callable[[bool], Any] | None = None,
         half_precision: str | None = None,
+        log_rotate: str | None = None,
     ):
         global _current
         # Every argument is checked before anything happens: a mistake finishes no
@@ -201,6 +202,7 @@ class Run(StopSignals, JobRank):
             effective_batch=self._effective,
             micro_batch=a.micro_batch or self._effective or 1,
             log=a.log,
+            log_rotate=a.log_rotate,
             listen=a.listen,
             sample_hz=a.sample_hz,
             cuda_index=self.device.index if cuda else None,

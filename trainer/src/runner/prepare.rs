@@ -8,8 +8,8 @@ use headroom_core::units::fmt_bytes;
 use headroom_core::{Bus, Level, Notice, RunConfig, Telemetry};
 use headroom_host::procmem;
 use headroom_host::session::{
-    budget_below_held, controller_config, hard_limit_notice, limit_notice, resolved_auto_budget,
-    resume_controller, resumed_auto_budget, Driver, Session,
+    budget_below_held, controller_config, hard_limit_notice, limit_notice, malloc_notice,
+    resolved_auto_budget, resume_controller, resumed_auto_budget, Driver, Session,
 };
 use tch::{Device, TchError};
 
@@ -308,6 +308,7 @@ impl Trainer {
             _ => "device memory",
         };
         notices.push(limit_notice(meter.limit(), what, thresholds));
+        notices.extend(malloc_notice(device != Device::Cpu));
         if mem.hard_limit {
             let budget = budget.expect("validate() requires a budget with hard_limit");
             oom::start_thread_pools();

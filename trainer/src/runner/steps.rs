@@ -302,9 +302,12 @@ impl Trainer {
     }
 
     /// Whether steps are checked for memory glibc's heap holds beyond the batch
-    /// ([`HeapWatch`]): on the CPU, unless tensors are mmapped already.
+    /// ([`HeapWatch`]): on the CPU, unless tensors are mmapped already or another malloc
+    /// serves them.
     fn watches_heap(&self) -> bool {
-        self.device == Device::Cpu && !heap_watch::mmap_threshold_set(self.hard_limit)
+        self.device == Device::Cpu
+            && !heap_watch::mmap_threshold_set(self.hard_limit)
+            && headroom_host::procmem::glibc_malloc()
     }
 
     /// The precision and checkpointing in force now (the dashboard can switch both).
