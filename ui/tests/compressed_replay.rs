@@ -105,13 +105,14 @@ fn app_of(recs: &[Record]) -> App {
         // drawn at the run's time instead, so that two replays compare.
         match &r.msg {
             Telemetry::Notice(n) if n.source == "replay" => {
-                app.apply_record(&Record { t, ..r.clone() })
+                app.apply_record(&Record { t, ..r.clone() });
+                continue;
             }
             _ => app.apply_record(r),
         }
-        t = r.t;
+        t = r.t.max(t);
     }
-    app.set_elapsed(recs.last().map_or(0.0, |r| r.t));
+    app.set_elapsed(t);
     app
 }
 
