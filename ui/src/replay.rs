@@ -15,16 +15,27 @@
 //!   not know are skipped silently: a newer producer's); at the end of the log one notice
 //!   says so, and that the replay reached the end.
 //!
+//! - A log named `….zst` is zstd-framed, and a log rotated into numbered segments is
+//!   played as one, its segments first (docs/LOG_SCHEMA.md, "Compressed and rotated
+//!   logs"; [`headroom_core::logfile::read`]). A followed log goes on across a rotation.
+//! - `start_at_end` on a compressed log does not decode all of it: the earlier frames are
+//!   shown by their index's events and one record per kind, the last frames whole
+//!   ([`headroom_core::logfile::end`]), and a notice says how much was summarised.
+//!
 //! The thread blocks on its control queue while paused or waiting, and sleeps between
 //! looks at a followed file: it never spins. It ends when the screen drops the feed.
 use std::fs::File;
-use std::io::{self, BufRead, BufReader, Read as _, Seek, SeekFrom};
+use std::io::{self, Read as _, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
+use headroom_core::logfile::end::{self, End};
+use headroom_core::logfile::read::{ChainLines, Line, Origin};
+use headroom_core::logfile::{chain, is_compressed};
+use headroom_core::units::fmt_count;
 use headroom_core::{BadRecord, Level, Notice, Record, Telemetry};
 
 use crate::feed::{
@@ -76,17 +87,37 @@ pub fn replay_job_feed(paths: &[PathBuf], opts: ReplayOptions) -> io::Result<Fee
     let mut sources = Vec::with_capacity(paths.len());
     let mut total = 0.0f64;
     for path in paths {
-        let named = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", path.display()));
-        let file = File::open(path).map_err(named)?;
-        let len = file.metadata().map_err(named)?.len();
+        let files = chain(path);
+        let mut len = 0;
+        for file in &files {
+            let named = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", file.display()));
+            len += File::open(file)
+                .and_then(|f| f.metadata())
+                .map_err(named)?
+                .len();
+        }
         if len == 0 && !opts.follow {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("{}: the log is empty: no records to replay", path.display()),
             ));
         }
-        total = total.max(last_time(path, len).unwrap_or(0.0));
-        sources.push(Source::new(path.clone(), file));
+        let compressed = files.iter().any(|f| is_compressed(f));
+        let last = match compressed {
+            true => end::last_time(path),
+            false => last_time(files.last().unwrap_or(path)),
+        };
+        total = total.max(last.unwrap_or(0.0));
+        // A compressed log's end is found from its index; where that fails, it is read
+        // whole like any other.
+        let at_end = (opts.start_at_end && compressed)
+            .then(|| end::open_at_end(path).ok())
+            .flatten();
+        let source = match at_end {
+            Some(end) => Source::at_end(path.clone(), end),
+            None => Source::new(path.clone(), ChainLines::open(path)?),
+        };
+        sources.push(source);
     }
     if sources.is_empty() {
         return Err(io::Error::new(
@@ -212,21 +243,22 @@ fn rank_sources(sources: &mut [Source]) -> io::Result<()> {
 
 /// The run's name from a log's `run_started` record, looked for in its first lines.
 fn first_run_name(path: &Path) -> Option<String> {
-    let file = File::open(path).ok()?;
-    BufReader::new(file.take(TAIL_BYTES))
-        .lines()
-        .map_while(Result::ok)
-        .take(64)
+    let mut lines = ChainLines::open(path).ok()?;
+    (0..64)
+        .map_while(|_| match lines.next_line() {
+            Ok(Line::Whole(line)) => Some(line),
+            _ => None,
+        })
         .find_map(|line| match Record::from_line(line.trim()).ok()?.msg {
             Telemetry::RunStarted(info) => Some(info.run_name),
             _ => None,
         })
 }
 
-/// The `t` of the last record in the log's tail, if there is one. Read through a file of
-/// its own: a cloned handle would share (and move) the player's offset.
-fn last_time(path: &Path, len: u64) -> Option<f64> {
+/// The `t` of the last record in a plain log's tail, if there is one.
+fn last_time(path: &Path) -> Option<f64> {
     let mut file = File::open(path).ok()?;
+    let len = file.metadata().ok()?.len();
     let from = len.saturating_sub(TAIL_BYTES);
     file.seek(SeekFrom::Start(from)).ok()?;
     let mut tail = Vec::new();
@@ -235,55 +267,6 @@ fn last_time(path: &Path, len: u64) -> Option<f64> {
     text.lines()
         .rev()
         .find_map(|line| Record::from_line(line.trim()).ok().map(|r| r.t))
-}
-
-/// Whole lines of a file that may still be growing.
-struct Lines {
-    reader: BufReader<File>,
-    /// Bytes taken from the file so far, a partial line included.
-    offset: u64,
-    partial: Vec<u8>,
-}
-
-enum Line {
-    Whole(String),
-    /// The end of the file for now; a half-written line waits in `partial`.
-    End,
-}
-
-impl Lines {
-    fn new(file: File) -> Lines {
-        Lines {
-            reader: BufReader::new(file),
-            offset: 0,
-            partial: Vec::new(),
-        }
-    }
-
-    fn next(&mut self) -> io::Result<Line> {
-        let n = self.reader.read_until(b'\n', &mut self.partial)?;
-        self.offset += n as u64;
-        if self.partial.last() == Some(&b'\n') {
-            let line = String::from_utf8_lossy(&self.partial).into_owned();
-            self.partial.clear();
-            return Ok(Line::Whole(line));
-        }
-        Ok(Line::End)
-    }
-
-    /// What is left of a log that will not grow: a last line without its newline.
-    fn rest(&mut self) -> Option<String> {
-        (!self.partial.is_empty()).then(|| {
-            let line = String::from_utf8_lossy(&self.partial).into_owned();
-            self.partial.clear();
-            line
-        })
-    }
-
-    /// Shorter than what was read: the file was truncated (or replaced by a shorter one).
-    fn truncated(&self, path: &Path) -> bool {
-        std::fs::metadata(path).is_ok_and(|m| m.len() < self.offset)
-    }
 }
 
 /// Where records go; an error means the screen is gone.
@@ -309,32 +292,174 @@ impl Out {
 /// One log being played: its lines, and its next record once read.
 struct Source {
     path: PathBuf,
-    lines: Lines,
+    /// Records played before `lines` (a compressed log's end: its summary and last
+    /// frames), parsed ahead, and how many of them were read.
+    head: Vec<Parsed>,
+    head_read: usize,
+    lines: ChainLines,
+    /// Where `lines` started, when not at the log's start.
+    origin: Option<Origin>,
     /// The next record, read but not yet due.
     pending: Option<Record>,
-    /// Bytes of the file before `pending`'s line: what a switch of the panels to this
-    /// log delivers at once.
+    /// Decoded bytes of `lines` before `pending`'s line: what a switch of the panels to
+    /// this log delivers at once (after the head).
     before_pending: u64,
+    /// `pending` came from the head.
+    pending_from_head: bool,
     /// The rank the log is of, in a job's replay.
     rank: Option<u32>,
 }
 
 impl Source {
-    /// Bytes of the file whose records have been played (the pending one excepted).
+    /// Decoded bytes of `lines` whose records have been played (the pending one
+    /// excepted).
     fn delivered_bytes(&self) -> u64 {
         match self.pending {
             Some(_) => self.before_pending,
-            None => self.lines.offset - self.lines.partial.len() as u64,
+            None => self.lines.position(),
         }
     }
 
-    fn new(path: PathBuf, file: File) -> Source {
+    /// Records of the head played (the pending one excepted).
+    fn delivered_head(&self) -> usize {
+        self.head_read - usize::from(self.pending.is_some() && self.pending_from_head)
+    }
+
+    fn new(path: PathBuf, lines: ChainLines) -> Source {
         Source {
             path,
-            lines: Lines::new(file),
+            head: Vec::new(),
+            head_read: 0,
+            lines,
+            origin: None,
             pending: None,
             before_pending: 0,
+            pending_from_head: false,
             rank: None,
+        }
+    }
+
+    /// A compressed log from its end: the summary and the last frames first, with a
+    /// notice of what was summarised where the whole records begin.
+    fn at_end(path: PathBuf, end: End) -> Source {
+        let End {
+            mut lines,
+            whole_from,
+            summarized,
+            rest,
+            origin,
+        } = end;
+        let mut head = parse_all(std::mem::take(&mut lines));
+        if summarized > 0 {
+            let at = whole_from.min(head.len());
+            let (t, text) = jump_notice(&head, at, summarized);
+            let msg = Telemetry::Notice(Notice::new(Level::Info, "replay", text));
+            head.insert(at, Ok(Record::new(0.0, t, msg)));
+        }
+        Source {
+            head,
+            origin: Some(origin),
+            ..Source::new(path, rest)
+        }
+    }
+}
+
+/// A line read as a record (or why it is not one).
+type Parsed = Result<Record, BadRecord>;
+
+/// Parses `lines` on the machine's cores: a week's log's end is some 50,000 records, whose
+/// parsing is most of the time `--end` takes.
+fn parse_all(lines: Vec<String>) -> Vec<Parsed> {
+    let parse = |chunk: &[String]| -> Vec<Parsed> {
+        chunk.iter().map(|l| Record::from_line(l.trim())).collect()
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+    if threads == 1 || lines.len() < 4096 {
+        return parse(&lines);
+    }
+    let chunk = lines.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let parts: Vec<_> = lines
+            .chunks(chunk)
+            .map(|c| (c, s.spawn(move || parse(c))))
+            .collect();
+        // A thread that cannot run leaves its part to this one.
+        parts
+            .into_iter()
+            .flat_map(|(c, h)| h.join().unwrap_or_else(|_| parse(c)))
+            .collect()
+    })
+}
+
+/// What a jump to a compressed log's end says: how many steps (records, in a log
+/// without steps) before the first one shown whole are shown one point per frame; and the
+/// time to say it at.
+fn jump_notice(head: &[Parsed], whole_from: usize, summarized: u64) -> (f64, String) {
+    let parsed = |p: &Parsed| p.as_ref().ok().cloned();
+    let start_step = head[..whole_from]
+        .iter()
+        .take(64)
+        .filter_map(parsed)
+        .find_map(|r| match r.msg {
+            Telemetry::RunStarted(info) => Some(info.start_step),
+            _ => None,
+        })
+        .unwrap_or(0);
+    let first_whole = head[whole_from..]
+        .iter()
+        .take(64)
+        .filter_map(parsed)
+        .find_map(|r| match r.msg {
+            Telemetry::Step(s) => Some((r.t, s.step)),
+            _ => None,
+        });
+    let t = head[..whole_from]
+        .iter()
+        .rev()
+        .find_map(parsed)
+        .map_or(0.0, |r| r.t);
+    match first_whole {
+        Some((t, step)) => {
+            let before = step.saturating_sub(start_step + 1);
+            (
+                t,
+                format!(
+                    "jumped to the end: {} steps before step {} are shown one point per \
+                     frame (play without --end for every step)",
+                    fmt_count(before),
+                    fmt_count(step)
+                ),
+            )
+        }
+        None => (
+            t,
+            format!(
+                "jumped to the end: {} records before t={t:.1} s are shown one point per \
+                 frame (play without --end for every record)",
+                fmt_count(summarized)
+            ),
+        ),
+    }
+}
+
+/// The next line of `src` that is not blank; `None` at its end (for now, when followed);
+/// an error (said) stops the following.
+fn read_line(src: &mut Source, follow: &mut bool) -> Result<Option<String>, String> {
+    loop {
+        let line = match src.lines.next_line() {
+            Ok(Line::Whole(line)) => line,
+            Ok(Line::End) if *follow => return Ok(None),
+            Ok(Line::End) => match src.lines.rest() {
+                Some(line) => line,
+                None => return Ok(None),
+            },
+            Err(e) => {
+                *follow = false;
+                return Err(format!("reading {} failed: {e}", src.path.display()));
+            }
+        };
+        if !line.trim().is_empty() {
+            return Ok(Some(line));
         }
     }
 }
@@ -395,7 +520,7 @@ impl Player {
                     Err(RecvTimeoutError::Timeout) => {}
                     Err(RecvTimeoutError::Disconnected) => return Err(Gone),
                 }
-                if self.sources.iter().any(|s| s.lines.truncated(&s.path)) {
+                if self.sources.iter().any(|s| s.lines.truncated()) {
                     self.restart()?;
                 }
                 continue;
@@ -466,30 +591,32 @@ impl Player {
             skipped,
             ..
         } = self;
+        // Only a job's panels read a log's head again (a switch of rank).
+        let keep_head = sources.len() > 1;
         let src = &mut sources[i];
         loop {
-            let start = src.lines.offset - src.lines.partial.len() as u64;
-            let line = match src.lines.next() {
-                Ok(Line::Whole(line)) => line,
-                Ok(Line::End) if *follow => return Read::End,
-                Ok(Line::End) => match src.lines.rest() {
-                    Some(line) => line,
-                    None => return Read::End,
-                },
-                Err(e) => {
-                    *follow = false;
-                    return Read::Failed(format!("reading {} failed: {e}", src.path.display()));
+            let start = src.lines.position();
+            let from_head = src.head_read < src.head.len();
+            let parsed = if from_head {
+                let slot = &mut src.head[src.head_read];
+                src.head_read += 1;
+                match keep_head {
+                    true => slot.clone(),
+                    false => std::mem::replace(slot, Err(BadRecord::NoKind)),
+                }
+            } else {
+                match read_line(src, follow) {
+                    Ok(Some(line)) => Record::from_line(line.trim()),
+                    Ok(None) => return Read::End,
+                    Err(text) => return Read::Failed(text),
                 }
             };
-            let line = line.trim();
-            if line.is_empty() {
-                continue;
-            }
-            match Record::from_line(line) {
+            match parsed {
                 Ok(rec) => {
                     *total = total.max(rec.t);
                     src.pending = Some(rec);
                     src.before_pending = start;
+                    src.pending_from_head = from_head;
                     return Read::Pending;
                 }
                 Err(BadRecord::UnknownKind(_)) => {}
@@ -598,19 +725,45 @@ impl Player {
             .link
             .send(Link::Connected { run_id })
             .map_err(|_| Gone)?;
-        let (path, upto) = (src.path.clone(), src.delivered_bytes());
-        let Ok(file) = File::open(&path) else {
+        let head = src.delivered_head();
+        let upto = match head < src.head.len() {
+            true => 0,
+            false => src.delivered_bytes(),
+        };
+        let again = match &src.origin {
+            Some(origin) => ChainLines::resume(&src.path, origin),
+            None => ChainLines::open(&src.path),
+        };
+        let played: Vec<Record> = src.head[..head]
+            .iter()
+            .filter_map(|p| p.as_ref().ok().cloned())
+            .collect();
+        let mut lines = Vec::new();
+        let Ok(mut again) = again else {
             let text = format!(
                 "{} cannot be read again for rank {rank}'s panels",
-                path.display()
+                src.path.display()
             );
             return self.notice(Level::Error, text);
         };
-        for line in BufReader::new(file.take(upto)).lines() {
-            let Ok(line) = line else { break };
-            match Record::from_line(line.trim()) {
-                Ok(rec) if !matches!(rec.msg, Telemetry::JobRanks(_)) => self.out.send(rec)?,
-                _ => {}
+        // What was played of the log is read again, up to where it stands: decoding a
+        // compressed one from its start (or from where its end was found).
+        while again.position() < upto {
+            match again.next_line() {
+                Ok(Line::Whole(line)) if again.position() <= upto => lines.push(line),
+                Ok(Line::End) => {
+                    lines.extend(again.rest().filter(|_| again.position() <= upto));
+                    break;
+                }
+                _ => break,
+            }
+        }
+        let read = lines
+            .iter()
+            .filter_map(|l| Record::from_line(l.trim()).ok());
+        for rec in played.into_iter().chain(read) {
+            if !matches!(rec.msg, Telemetry::JobRanks(_)) {
+                self.out.send(rec)?;
             }
         }
         Ok(())
@@ -688,16 +841,17 @@ impl Player {
     fn restart(&mut self) -> Result<(), Gone> {
         let mut reopened = Vec::with_capacity(self.sources.len());
         for s in &self.sources {
-            match File::open(&s.path) {
-                Ok(f) => reopened.push(f),
-                // Gone for a moment (rotated): looked at again at the next poll.
+            match ChainLines::open(&s.path) {
+                Ok(lines) => reopened.push(lines),
+                // Gone for a moment: looked at again at the next poll.
                 Err(_) => return Ok(()),
             }
         }
-        for (s, file) in self.sources.iter_mut().zip(reopened) {
-            s.lines = Lines::new(file);
-            s.pending = None;
-            s.before_pending = 0;
+        for (s, lines) in self.sources.iter_mut().zip(reopened) {
+            *s = Source {
+                rank: s.rank,
+                ..Source::new(s.path.clone(), lines)
+            };
         }
         self.position = None;
         self.total = 0.0;

@@ -12,6 +12,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use zstd::bulk::Decompressor;
 
 use super::index::{frame_len_from_trailer, IndexEntry, TAG};
 use super::names::{chain, is_compressed};
@@ -22,6 +23,9 @@ use super::read::{ChainLines, Line, Origin};
 pub const WINDOW: u64 = 2 << 20;
 /// Records decoded whole at the end, at least: the charts' recent stretch at full detail.
 pub const KEEP_RECORDS: u64 = 20_000;
+/// The most an index's `events` or `digest` frame decodes to: a data frame's JSONL
+/// (at most 1 MiB) and then some.
+const SUMMARY_MAX: usize = 4 << 20;
 
 /// What `replay --end` delivers at once, and where it goes on.
 pub struct End {
@@ -135,6 +139,28 @@ pub fn open_at_end_keeping(path: &Path, keep: u64) -> io::Result<End> {
     })
 }
 
+/// The `t` of a compressed log's last record, from its last file's last index and what
+/// follows it; `None` when neither says (an empty file, no index, no whole line).
+pub fn last_time(path: &Path) -> Option<f64> {
+    let names = chain(path);
+    let name = names
+        .iter()
+        .rev()
+        .find(|n| n.metadata().is_ok_and(|m| m.len() > 0))?;
+    let file = File::open(name).ok()?;
+    let len = file.metadata().ok()?.len();
+    let (last, open_from) = last_index(&file, len)?;
+    let indexed = last.map(|(_, e)| e.t_last);
+    let mut open = None;
+    if open_from < len {
+        let mut reader = ChainLines::file(name, open_from).ok()?;
+        while let Ok(Line::Whole(line)) = reader.next_line() {
+            open = Some(t_of(&line)).filter(|t| *t > 0.0).or(open);
+        }
+    }
+    open.or(indexed)
+}
+
 fn named(path: &Path, e: io::Error) -> io::Error {
     io::Error::new(e.kind(), format!("{}: {e}", path.display()))
 }
@@ -170,6 +196,9 @@ fn piece(name: &Path, live: Option<File>) -> io::Result<(Piece, u64)> {
 /// The index frames of a compressed file of `len` bytes, oldest first, and where what
 /// follows the last one starts; `None` when they cannot be found or do not hold together.
 fn indexes(file: &File, len: u64) -> Option<(Vec<Framed>, u64)> {
+    // One decoder for every small frame: a fresh context per frame would cost more than
+    // the decoding (thousands of frames in a week's log).
+    let mut unpack = Decompressor::new().ok()?;
     let (last, open_from) = last_index(file, len)?;
     let Some((mut at, mut entry)) = last else {
         return Some((vec![], open_from));
@@ -177,7 +206,7 @@ fn indexes(file: &File, len: u64) -> Option<(Vec<Framed>, u64)> {
     let mut frames = vec![];
     loop {
         let prev = entry.prev;
-        let summary = summary(&entry).ok()?;
+        let summary = summary(&entry, &mut unpack).ok()?;
         frames.push(Framed { entry, summary });
         let Some(p) = prev else { break };
         // Offsets only go back: a damaged `prev` cannot loop.
@@ -249,9 +278,9 @@ fn t_of(line: &str) -> f64 {
 }
 
 /// A frame's events and digest, in time order.
-fn summary(e: &IndexEntry) -> io::Result<Vec<String>> {
-    let events = lines_of(&zstd::stream::decode_all(&e.events[..])?);
-    let mut digest = lines_of(&zstd::stream::decode_all(&e.digest[..])?);
+fn summary(e: &IndexEntry, unpack: &mut Decompressor<'static>) -> io::Result<Vec<String>> {
+    let events = lines_of(&unpack.decompress(&e.events, SUMMARY_MAX)?);
+    let mut digest = lines_of(&unpack.decompress(&e.digest, SUMMARY_MAX)?);
     // One record per kind, in the order kinds came: sorted, merged with the events.
     let mut digest: Vec<(f64, String)> = digest.drain(..).map(|l| (t_of(&l), l)).collect();
     digest.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -291,7 +320,7 @@ mod tests {
 
     /// Record `i`: a notice every 50, a sample otherwise.
     fn rec(i: usize) -> Record {
-        let msg = if i % 50 == 0 {
+        let msg = if i.is_multiple_of(50) {
             Telemetry::Notice(Notice::new(Level::Info, "test", format!("n{i}")))
         } else {
             let mut s = SystemSample::default();
@@ -306,7 +335,7 @@ mod tests {
     fn write(w: &mut FrameWriter<File>, from: usize, to: usize) {
         for i in from..to {
             w.write_record(&rec(i)).unwrap();
-            if (i + 1) % 100 == 0 {
+            if (i + 1).is_multiple_of(100) {
                 w.end_frame().unwrap();
             }
         }

@@ -2,6 +2,8 @@
 //! step's report. Each test file uses a part of it.
 #![allow(dead_code)]
 
+pub mod synthetic;
+
 use headroom_core::{RunConfig, RunInfo, StepMetrics};
 use headroom_ui::app::App;
 use headroom_ui::view::render;
