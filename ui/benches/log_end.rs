@@ -157,4 +157,33 @@ fn write(path: &Path, steps: u64) {
         writing.as_secs_f64() * 1e6 / steps as f64,
         writing.as_secs_f64()
     );
+    plain_baseline(path, steps.min(PLAIN_STEPS));
+}
+
+/// The plain JSONL log's size and write cost for the same records: what the log cost
+/// before it was compressed (`Record::to_line` and a buffered write, as the log writer's
+/// plain sink does), on the first steps only (a week of it would be 5 GB).
+const PLAIN_STEPS: u64 = 200_000;
+
+fn plain_baseline(beside: &Path, steps: u64) {
+    use std::io::Write;
+    let path = beside.with_extension("plain.jsonl");
+    let mut out = BufWriter::with_capacity(64 << 10, File::create(&path).expect("the log"));
+    let mut writing = Duration::ZERO;
+    support::synthetic::run(steps, |rec| {
+        let at = Instant::now();
+        writeln!(out, "{}", rec.to_line()).expect("write");
+        if !rec.msg.is_high_rate() {
+            out.flush().expect("flush");
+        }
+        writing += at.elapsed();
+    });
+    out.flush().expect("flush");
+    let size = fs::metadata(&path).expect("the log").len();
+    let _ = fs::remove_file(&path);
+    println!(
+        "  plain JSONL     {:.1} bytes/step, {:.2} µs/step (the first {steps} steps)",
+        size as f64 / steps as f64,
+        writing.as_secs_f64() * 1e6 / steps as f64
+    );
 }

@@ -25,11 +25,8 @@ pub fn cat(args: &CatArgs) -> Result<()> {
 fn print_chain(path: &std::path::Path, out: &mut impl Write) -> Result<()> {
     let named = || format!("reading log {}", path.display());
     let mut lines = ChainLines::open(path).with_context(named)?;
-    loop {
-        match lines.next_line().with_context(named)? {
-            Line::Whole(line) => writeln!(out, "{line}")?,
-            Line::End => break,
-        }
+    while let Line::Whole(line) = lines.next_line().with_context(named)? {
+        writeln!(out, "{line}")?;
     }
     if let Some(rest) = lines.rest() {
         writeln!(out, "{rest}")?;

@@ -68,9 +68,10 @@ pub struct CatArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct ReplayArgs {
-    /// A run's JSONL log (`headroom train --log FILE`, or a Python run's `log=`); for a
-    /// torchrun job, one log per rank (the panels show one rank at a time, `[` `]` or the
-    /// rank's digit switch)
+    /// A run's JSONL log (`headroom train --log FILE`, or a Python run's `log=`), plain or
+    /// compressed (`.zst`), with its rotated segments (`run.1.jsonl.zst`, …) played first;
+    /// for a torchrun job, one log per rank (the panels show one rank at a time, `[` `]` or
+    /// the rank's digit switch)
     #[arg(value_name = "LOG", required = true, num_args = 1..)]
     pub log: Vec<PathBuf>,
     /// Playback speed against the run's own clock (e.g. 10 plays ten times as fast)
@@ -79,7 +80,9 @@ pub struct ReplayArgs {
     /// Keep reading as the log grows (a run still writing it)
     #[arg(long)]
     pub follow: bool,
-    /// Start at the end of the log (the final state), instead of playing it
+    /// Start at the end of the log (the final state), instead of playing it; a compressed
+    /// log's earlier steps are shown one point per frame from its index (under a second
+    /// for a week-long run)
     #[arg(long)]
     pub end: bool,
 }
