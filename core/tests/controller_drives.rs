@@ -1201,3 +1201,42 @@ fn random_lengths_over_a_line_in_tokens_settle_near_what_fits() {
         c.micro_batch()
     );
 }
+
+/// Measured under a CPU cap (py/bench/margin.py, docs/CONTROLLER.md "The margin"): a size
+/// settled for 120 steps failed twice although resident memory had not grown (the cap is
+/// met by address space the heap keeps); the fixed part moved up for the second error put
+/// the run at micro-batch 1 for good. The next reading judges that move: it did not see
+/// the memory, so the move is undone and the run grows back, under the ceiling the errors
+/// taught.
+#[test]
+fn a_settled_size_failing_twice_without_memory_growth_comes_back_to_the_fit() {
+    let _trace =
+        test_trace("a_settled_size_failing_twice_without_memory_growth_comes_back_to_the_fit");
+    let seq = 64;
+    let mut sim = Sim::new(0.0);
+    let best = sim.largest(0.90, seq);
+    let mut c = Traced::new(cfg(seq), Thresholds::default(), LIMIT, best / 2);
+    drive(&mut c, &mut sim, seq, 60);
+    let settled = c.micro_batch();
+    assert!(settled * 10 >= best * 9, "settled at {settled} of {best}");
+    // The first error at a settled size is retried as it is; the second is taken as real.
+    assert_eq!(c.on_oom(settled, seq).retry_with, Some(settled));
+    let retry = c.on_oom(settled, seq).retry_with.expect("a smaller size");
+    assert!(retry < settled, "{retry}");
+    let mut warned = false;
+    for s in 61..=90u64 {
+        c.before_step(seq);
+        let mb = c.micro_batch();
+        for d in c.observe(obs(s, mb, seq, sim.peak(mb, seq))) {
+            if let Decision::Warning { text, .. } = &d {
+                warned |= text.contains("it did not grow");
+            }
+        }
+    }
+    assert!(warned, "the undone move is said");
+    let back = c.micro_batch();
+    assert!(
+        back * 100 >= settled * 85 && back < settled,
+        "back to {back}: at least 85% of {settled}, under the ceiling at it"
+    );
+}
