@@ -243,12 +243,6 @@ impl Controller {
         s.oom.read();
         let current = obs.micro_batch == s.size.micro_batch;
         let risk_probed = s.plan.probe.read(current);
-        // Before the reading joins the fit: an undone shift moves every reading.
-        if let Some(bytes) = s.oom.outside_grew.take() {
-            let moves = reflexes::outside_judged(&self.state, obs, bytes);
-            self.apply_all(moves, out);
-        }
-        let s = &mut self.state;
         if usage < s.thresholds.target {
             s.evidence.shrink.under_target();
         }
@@ -445,11 +439,7 @@ impl Controller {
                 micro_batch,
                 seq_len,
             } => s.oom.retrying = Some((micro_batch, seq_len)),
-            Move::OutsideGrew { bytes } => {
-                s.estimate.shift(bytes);
-                s.oom.outside_grew = Some(bytes);
-            }
-            Move::OutsideBack { bytes } => s.estimate.shift(-bytes),
+            Move::OutsideGrew { bytes } => s.estimate.shift(bytes),
             Move::OomAt { micro_batch } => {
                 s.oom.retrying = None;
                 s.evidence.shrink.under_target();

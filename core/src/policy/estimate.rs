@@ -349,7 +349,7 @@ impl Estimate {
     /// with it, and the model's record of errors no longer applies.
     pub fn shift(&mut self, delta: f64) {
         self.model.shift(delta);
-        self.baseline = self.baseline.map(|b| (b as f64 + delta).max(0.0) as u64);
+        self.baseline = self.baseline.map(|b| b + delta as u64);
         self.errors.clear();
     }
 

@@ -74,8 +74,6 @@ pub(super) enum Move {
     RetrySame { micro_batch: usize, seq_len: usize },
     /// The retried size failed again: the memory outside the batch grew by `bytes`.
     OutsideGrew { bytes: f64 },
-    /// The reading after [`Move::OutsideGrew`] did not see that memory: undo the shift.
-    OutsideBack { bytes: f64 },
     /// The OOM is taken as the batch's: `micro_batch` is the size in force until the
     /// retry size is chosen, and memory held apart from the batch has let go.
     OomAt { micro_batch: usize },

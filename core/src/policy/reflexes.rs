@@ -236,42 +236,6 @@ pub(super) fn on_oom(s: &State, micro_batch: usize, seq_len: usize) -> Vec<Move>
     moves
 }
 
-/// The first reading after the fixed part was moved up by `bytes` for a retried size that
-/// failed again ([`on_oom`]): when it reads nearer the fit before the move than after it,
-/// the memory outside the batch did not grow (the errors were a hard cap's address space
-/// or a passing spike, not resident memory), and planning from the moved fit would keep
-/// the run at a fraction of what fits for good (a run under a CPU cap held micro-batch 1
-/// at 82% for 71 steps after two errors at 9; docs/CONTROLLER.md, "The margin"). The
-/// ceiling the errors taught stays.
-pub(super) fn outside_judged(s: &State, obs: StepObservation, bytes: f64) -> Vec<Move> {
-    let Some(moved) = s.estimate.predicted_bytes(obs.micro_batch, obs.seq_len) else {
-        return Vec::new();
-    };
-    let limit = s.estimate.limit_bytes() as f64;
-    let unmoved = moved as f64 - bytes;
-    if obs.peak_bytes as f64 >= unmoved + bytes / 2.0 {
-        return Vec::new();
-    }
-    vec![
-        Move::OutsideBack { bytes },
-        Move::Warn {
-            usage: obs.peak_bytes as f64 / limit,
-            forecast: false,
-            text: format!(
-                "step {}: {:.0}% at micro-batch {} where memory grown outside the batch would \
-                 read {:.0}%: it did not grow, so the out-of-memory errors were not the \
-                 batch's memory (a hard cap's address space, or a passing spike); sizing from \
-                 the fit again, under the ceiling the errors left",
-                obs.step,
-                obs.peak_bytes as f64 * 100.0 / limit,
-                obs.micro_batch,
-                moved as f64 * 100.0 / limit,
-            ),
-            once: false,
-        },
-    ]
-}
-
 /// The size to retry an OOM at `micro_batch` × `seq_len` with, above the smallest size.
 pub(super) fn retry_size(s: &State, micro_batch: usize, seq_len: usize) -> Move {
     // The one-sequence probe failed: back to the size it came from, which ran.

@@ -175,10 +175,6 @@ pub struct OomReflex {
     ooms_at_min: u32,
     /// The OOM being retried at the same size (micro-batch, sequence length).
     pub retrying: Option<(usize, usize)>,
-    /// The bytes the fixed part was moved up by after a retried size failed again
-    /// ([`Move::OutsideGrew`](super::moves::Move::OutsideGrew)), until the next reading
-    /// judges it.
-    pub outside_grew: Option<f64>,
 }
 
 impl OomReflex {
