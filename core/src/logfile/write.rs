@@ -4,6 +4,7 @@
 use std::io::{self, Write};
 
 use serde_json::Value;
+use zstd::zstd_safe;
 
 use super::compact::compact_value;
 use super::index::IndexEntry;
@@ -17,22 +18,65 @@ pub const FRAME_RAW: usize = 1 << 20;
 /// gain a few percent for several times the cost (docs/BENCHMARKS.md, "The run log").
 pub const LEVEL: i32 = 3;
 
-/// Counts what reaches the file, so frames know their offsets.
-struct Counted<W> {
-    inner: W,
-    written: u64,
+/// One zstd context for the whole run, made when the log opens. A context per frame (1.3
+/// MiB of workspace at level 3) would be malloc'ed mid-run, and under a hard cap
+/// (RLIMIT_DATA, process-wide) that allocation fails when training holds the cap full; the
+/// zstd crate panics on a context it cannot create. A context reused for frames of the
+/// same parameters keeps its workspace: no allocation after the first frame.
+struct Zstd {
+    cctx: zstd_safe::CCtx<'static>,
+    /// Compressed output, handed to the file after each call.
+    out: Vec<u8>,
 }
 
-impl<W: Write> Write for Counted<W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.written += n as u64;
-        Ok(n)
+fn zstd_error(code: usize) -> io::Error {
+    io::Error::other(format!("zstd: {}", zstd_safe::get_error_name(code)))
+}
+
+impl Zstd {
+    fn new() -> io::Result<Zstd> {
+        let mut cctx = zstd_safe::CCtx::try_create().ok_or_else(|| {
+            io::Error::new(io::ErrorKind::OutOfMemory, "no memory for a zstd context")
+        })?;
+        cctx.set_parameter(zstd_safe::CParameter::CompressionLevel(LEVEL))
+            .map_err(zstd_error)?;
+        Ok(Zstd {
+            cctx,
+            out: Vec::with_capacity(zstd_safe::CCtx::out_size()),
+        })
     }
 
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
+    /// Feeds `input` to the open frame (`Continue`), makes it readable (`Flush`) or ends the
+    /// frame (`End`), writing what comes out to `file`.
+    fn run(&mut self, input: &[u8], op: Op, file: &mut impl Write) -> io::Result<()> {
+        use zstd_safe::zstd_sys::ZSTD_EndDirective as E;
+        let directive = match op {
+            Op::Continue => E::ZSTD_e_continue,
+            Op::Flush => E::ZSTD_e_flush,
+            Op::End => E::ZSTD_e_end,
+        };
+        let mut src = zstd_safe::InBuffer::around(input);
+        loop {
+            self.out.clear();
+            let mut dst = zstd_safe::OutBuffer::around(&mut self.out);
+            let left = self
+                .cctx
+                .compress_stream2(&mut dst, &mut src, directive)
+                .map_err(zstd_error)?;
+            file.write_all(&self.out)?;
+            let taken = src.pos == input.len();
+            if taken && (op == Op::Continue || left == 0) {
+                return Ok(());
+            }
+        }
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Continue,
+    Flush,
+    End,
 }
 
 /// What the open data frame holds, for its index.
@@ -49,22 +93,47 @@ struct Frame {
 }
 
 pub struct FrameWriter<W: Write> {
-    /// `Some` while a data frame is open.
-    enc: Option<zstd::stream::write::Encoder<'static, Counted<W>>>,
-    /// The file between frames.
-    out: Option<Counted<W>>,
+    file: W,
+    /// Bytes handed to `file` so far: where frames start.
+    written: u64,
+    /// The data frames' context, and the index frames' (kept apart: small inputs would
+    /// shrink a shared context's workspace, and the next data frame would grow it again).
+    data: Zstd,
+    index: Zstd,
+    /// Whether a data frame is open.
+    open: bool,
     frame: Frame,
     last_index: Option<u64>,
 }
 
+/// Counts the bytes written through it.
+struct Counting<'a, W> {
+    inner: &'a mut W,
+    n: &'a mut u64,
+}
+
+impl<W: Write> Write for Counting<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        *self.n += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 impl<W: Write> FrameWriter<W> {
-    pub fn new(out: W) -> io::Result<FrameWriter<W>> {
+    /// Fails (out of memory) where the compressor's contexts cannot be made: at the log's
+    /// start, before training holds any memory.
+    pub fn new(file: W) -> io::Result<FrameWriter<W>> {
         Ok(FrameWriter {
-            enc: None,
-            out: Some(Counted {
-                inner: out,
-                written: 0,
-            }),
+            file,
+            written: 0,
+            data: Zstd::new()?,
+            index: Zstd::new()?,
+            open: false,
             frame: Frame::default(),
             last_index: None,
         })
@@ -73,31 +142,34 @@ impl<W: Write> FrameWriter<W> {
     /// Bytes written to the file so far (what zstd still holds is not counted: at most
     /// a block, until the next flush).
     pub fn bytes_written(&self) -> u64 {
-        match (&self.enc, &self.out) {
-            (Some(enc), _) => enc.get_ref().written,
-            (None, Some(out)) => out.written,
-            (None, None) => 0,
-        }
+        self.written
+    }
+
+    fn compress(&mut self, input: &[u8], op: Op) -> io::Result<()> {
+        let mut file = Counting {
+            inner: &mut self.file,
+            n: &mut self.written,
+        };
+        self.data.run(input, op, &mut file)
     }
 
     pub fn write_record(&mut self, rec: &Record) -> io::Result<()> {
         let value = compact_value(rec);
-        let line = value.to_string();
+        let mut line = value.to_string();
         if self.frame.raw > 0 && self.frame.raw + line.len() + 1 > FRAME_RAW {
             self.end_frame()?;
         }
-        if self.enc.is_none() {
-            let out = self.out.take().expect("the file is held between frames");
+        if !self.open {
+            self.open = true;
             self.frame = Frame {
-                start: out.written,
+                start: self.written,
                 t_first: rec.t,
                 ..Frame::default()
             };
-            self.enc = Some(zstd::stream::write::Encoder::new(out, LEVEL)?);
         }
-        let enc = self.enc.as_mut().expect("a frame is open");
-        enc.write_all(line.as_bytes())?;
-        enc.write_all(b"\n")?;
+        line.push('\n');
+        self.compress(line.as_bytes(), Op::Continue)?;
+        line.pop();
         let f = &mut self.frame;
         f.raw += line.len() + 1;
         f.records += 1;
@@ -113,44 +185,48 @@ impl<W: Write> FrameWriter<W> {
 
     /// Makes everything written so far readable (zstd's flush: the frame stays open).
     pub fn flush(&mut self) -> io::Result<()> {
-        match (&mut self.enc, &mut self.out) {
-            (Some(enc), _) => enc.flush(),
-            (None, Some(out)) => out.flush(),
-            (None, None) => Ok(()),
+        if self.open {
+            self.compress(&[], Op::Flush)?;
         }
+        self.file.flush()
     }
 
     /// Ends the open data frame, if any, and writes its index frame.
     pub fn end_frame(&mut self) -> io::Result<()> {
-        let Some(enc) = self.enc.take() else {
+        if !self.open {
             return Ok(());
-        };
-        let mut out = enc.finish()?;
+        }
+        self.compress(&[], Op::End)?;
+        self.open = false;
         let f = std::mem::take(&mut self.frame);
         let digest: String = f.digest.iter().map(|(_, _, l)| format!("{l}\n")).collect();
+        let mut blob = |bytes: &[u8]| -> io::Result<Vec<u8>> {
+            let mut out = Vec::new();
+            self.index.run(bytes, Op::End, &mut out)?;
+            Ok(out)
+        };
         let entry = IndexEntry {
             data_offset: f.start,
-            data_len: out.written - f.start,
+            data_len: self.written - f.start,
             prev: self.last_index,
             records: f.records,
             t_first: f.t_first,
             t_last: f.t_last,
-            events: zstd::bulk::compress(&f.events, LEVEL)?,
-            digest: zstd::bulk::compress(digest.as_bytes(), LEVEL)?,
+            events: blob(&f.events)?,
+            digest: blob(digest.as_bytes())?,
         };
-        self.last_index = Some(out.written);
-        out.write_all(&entry.encode())?;
-        out.flush()?;
-        self.out = Some(out);
-        Ok(())
+        self.last_index = Some(self.written);
+        let frame = entry.encode();
+        self.file.write_all(&frame)?;
+        self.written += frame.len() as u64;
+        self.file.flush()
     }
 
     /// Ends the last frame and hands the file back, flushed.
     pub fn finish(mut self) -> io::Result<W> {
         self.end_frame()?;
-        let mut out = self.out.take().expect("no frame is open");
-        out.flush()?;
-        Ok(out.inner)
+        self.file.flush()?;
+        Ok(self.file)
     }
 }
 
@@ -252,7 +328,7 @@ mod tests {
         }
         w.flush().unwrap();
         let n = w.bytes_written() as usize;
-        let file = w.enc.as_ref().unwrap().get_ref().inner.clone();
+        let file = w.file.clone();
         assert_eq!(file.len(), n);
         // Two whole frames (each < 1 MiB of JSONL) before the open one.
         let mut d = zstd::stream::read::Decoder::new(&file[..]).unwrap();
