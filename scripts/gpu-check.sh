@@ -438,7 +438,8 @@ PY
 
 cat > "$WORK/py/ddp_nccl.py" << 'PY'
 """ddp-nccl: one rank of a torchrun job on NCCL (world size 1 on one GPU): DDP over the
-small transformer, an adaptive headroom.Run on the DDP model, then one all_reduce."""
+small transformer (1 MiB buckets, so headroom launches several during each last backward
+on the NCCL stream), an adaptive headroom.Run on the DDP model, then one all_reduce."""
 
 import json
 import os
@@ -458,7 +459,9 @@ rank, world = dist.get_rank(), dist.get_world_size()
 local = int(os.environ.get("LOCAL_RANK", "0"))
 torch.cuda.set_device(local)
 torch.manual_seed(0)
-model = torch.nn.parallel.DistributedDataParallel(GPT().cuda(local), device_ids=[local])
+model = torch.nn.parallel.DistributedDataParallel(
+    GPT().cuda(local), device_ids=[local], bucket_cap_mb=1
+)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
 
 
@@ -482,12 +485,14 @@ with headroom.Run(
         run.backward(b, loss_fn)
         run.step(opt)
     done = run.step_count
+    ov = run._job.overlap
+    early, buckets = (ov.early_total, len(ov.buckets)) if ov is not None else (0, 0)
 t = torch.tensor([done], device=f"cuda:{local}")
 dist.all_reduce(t)
 with open(f"{out}/done-rank{rank}.json", "w") as f:
     json.dump(
         {"steps": done, "want": steps, "world": world, "backend": dist.get_backend(),
-         "allreduce": int(t.item())},
+         "allreduce": int(t.item()), "early_buckets": early, "buckets": buckets},
         f,
     )
 dist.destroy_process_group()
@@ -1075,9 +1080,12 @@ def ddp_nccl():
     text = (
         f"torchrun world size {d['world']}, backend {d['backend']}: {d['steps']}/{d['want']} steps "
         f"on {device_of(rs)} as {name}, micro-batch {mem[0]['micro_batch'] if mem else '?'} → "
-        f"{mem[-1]['micro_batch'] if mem else '?'}, all_reduce after it {d['allreduce']}"
+        f"{mem[-1]['micro_batch'] if mem else '?'}, all_reduce after it {d['allreduce']}; "
+        f"{d.get('early_buckets', 0)} of its {d.get('buckets', 0)} buckets x steps launched "
+        "during the last backwards (the overlap)"
     )
     ok = rc("ddp-nccl") == 0 and d["world"] == 1 and d["backend"] == "nccl"
+    ok = ok and d.get("early_buckets", 0) > 0
     return check(ok and d["steps"] == d["want"] == d["allreduce"], text)
 
 

@@ -14,14 +14,19 @@ of the machine hits both alike:
             backward carries DDP's bucketed all-reduce (overlapped with that backward)
   headroom  run.backward(batch, loss_fn) + run.step(optimizer) with micro_batch=--micro
             and adaptive=False (the size is held, so the work is the plain loop's):
-            every micro-batch under no_sync(), one agreement collective, then the
-            gradient all-reduce through a preallocated bucket, after the last backward
+            every micro-batch under no_sync(), one agreement collective before the last
+            backward, during which headroom launches the buckets' all-reduces as their
+            gradients are ready (as DDP does), then one small verdict
+  serial    the same with the all-reduce after the last backward instead (headroom's
+            design before the overlap, now its fallback): one agreement collective,
+            then the gradients through a preallocated bucket
 
 Printed: each mode's median step time (rank 0's wall clock, which waits for the slowest
-rank in the collectives), the ratio headroom/plain per round (median and range), and the
-cost per step of headroom's collectives in microseconds: the agreement as the job saw it
-(waiting for the slowest rank included) and as a bare all-gather of the same record in a
-tight loop, the gradient all-reduce through the bucket, and rank 0's row record.
+rank in the collectives), the ratios headroom/plain and serial/plain per round (median and
+range), and the cost per step of headroom's collectives in microseconds: the agreement as
+the job saw it (waiting for the slowest rank included) and as a bare all-gather of the
+same record in a tight loop, and the serial mode's gradient all-reduce through the bucket.
+--bucket-kib sets DDP's bucket_cap_mb (the benchmarks' GPT has two buckets by default).
 """
 
 from __future__ import annotations
@@ -50,14 +55,16 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6, help="steps per round")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--bucket-kib", type=int, default=0, help="DDP's bucket_cap_mb, in KiB")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     model = make_model(0)
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    caps = {"bucket_cap_mb": args.bucket_kib / 1024} if args.bucket_kib else {}
+    ddp = torch.nn.parallel.DistributedDataParallel(model, **caps)
     opt = make_optimizer(ddp)
-    batches = token_batches(args.steps * args.rounds * 2 + 2, args.per_rank, seed=rank)
+    batches = token_batches(args.steps * args.rounds * 3 + 3, args.per_rank, seed=rank)
     feed = iter(batches)
 
     def loss_fn(mb):
@@ -95,17 +102,29 @@ def main() -> int:
 
     run._job.reduce = timed_reduce
 
+    early: list[int] = []
+    layout = {"buckets": 0}
+
     def headroom_step():
+        run._job.set_overlap(True)
+        run.backward(next(feed), loss_fn)
+        early.append(run._job.overlap.launched_in_backward)
+        layout["buckets"] = len(run._job.overlap.buckets)
+        run.step(opt)
+
+    def serial_step():
+        run._job.set_overlap(False)
         run.backward(next(feed), loss_fn)
         run.step(opt)
 
-    modes = {"plain": plain_step, "headroom": headroom_step}
+    modes = {"plain": plain_step, "headroom": headroom_step, "serial": serial_step}
     for f in modes.values():  # warm-up
         f()
     times: dict[str, list[float]] = {m: [] for m in modes}
-    ratios = []
+    ratios: dict[str, list[float]] = {"headroom": [], "serial": []}
     for r in range(args.rounds):
-        order = list(modes) if r % 2 == 0 else list(reversed(modes))
+        order = list(modes)[r % 3 :] + list(modes)[: r % 3]
+        order = order if r % 2 == 0 else list(reversed(order))
         medians = {}
         for m in order:
             per = []
@@ -116,7 +135,8 @@ def main() -> int:
                 per.append(time.perf_counter() - t)
             times[m].extend(per)
             medians[m] = statistics.median(per)
-        ratios.append(medians["headroom"] / medians["plain"])
+        for m in ratios:
+            ratios[m].append(medians[m] / medians["plain"])
     job = run._job
     agree_seen = job.agree_us_total / max(1, job.agreements)
     # The agreement's own cost: the same all-gather in a tight loop (every rank in step).
@@ -138,9 +158,15 @@ def main() -> int:
         )
         for m in modes:
             print(f"  {m:9s} median step {statistics.median(times[m]) * 1e3:8.1f} ms")
+        for m, rs in ratios.items():
+            print(
+                f"  {m}/plain per round: median {statistics.median(rs):.3f} "
+                f"(range {min(rs):.3f}-{max(rs):.3f})"
+            )
         print(
-            f"  headroom/plain per round: median {statistics.median(ratios):.3f} "
-            f"(range {min(ratios):.3f}-{max(ratios):.3f})"
+            f"  headroom's layout: {layout['buckets']} buckets, of which "
+            f"{statistics.median(early):.0f} (median per step) were launched while the last "
+            "backward ran"
         )
         print(
             f"  agreement: {agree_seen:.0f} us per step as the job saw it (waiting for the "

@@ -157,6 +157,8 @@ class FailInBackward(torch.autograd.Function):
     are already accumulated; at the output, none are."""
 
     armed = False
+    # Raised instead of the out-of-memory error, when set (an error that is not one).
+    error: Exception | None = None
 
     @staticmethod
     def forward(ctx, x):
@@ -166,6 +168,8 @@ class FailInBackward(torch.autograd.Function):
     def backward(ctx, g):
         if FailInBackward.armed:
             FailInBackward.armed = False
+            if FailInBackward.error is not None:
+                raise FailInBackward.error
             from headroom import _torch
 
             _torch.provoke_oom(g.device)

@@ -42,6 +42,14 @@ def main() -> int:
     ap.add_argument("--listen", default=None, help="rank 0 also serves on TCP here")
     ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds to idle per step")
     ap.add_argument("--raise-at", default="", help="RANK@STEP: loss_fn raises ValueError there")
+    ap.add_argument(
+        "--raise-in-backward",
+        action="store_true",
+        help="--raise-at's ValueError comes from the step's last backward instead",
+    )
+    ap.add_argument(
+        "--bucket-kib", type=int, default=0, help="DDP's bucket_cap_mb in KiB (0: its default)"
+    )
     ap.add_argument("--checkpoint", action="store_true", help="on_checkpoint writes a file")
     ap.add_argument("--fixed", action="store_true", help="adaptive=False: the size is held")
     args = ap.parse_args()
@@ -50,7 +58,8 @@ def main() -> int:
     out = Path(args.out)
     torch.manual_seed(0)
     inner = TinyGPT(d=args.width, t=args.seq)
-    model = torch.nn.parallel.DistributedDataParallel(inner)
+    caps = {"bucket_cap_mb": args.bucket_kib / 1024} if args.bucket_kib else {}
+    model = torch.nn.parallel.DistributedDataParallel(inner, **caps)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     # Drawn step by step from conftest's generator (the same batches as gpt_batches, which
     # would build every step's batch up front: gigabytes for a run of 100000 steps).
@@ -77,10 +86,14 @@ def main() -> int:
         x, y = mb
         state["calls"] += 1
         step = state["step"]
-        if rank == raise_rank and step == raise_step:
-            raise ValueError(f"a bad sample on rank {rank} at step {step}")
-        point = plan.get(step) if step not in state["fired"] else None
         last = state["done"] + x.shape[0] >= args.per_rank
+        if rank == raise_rank and step == raise_step:
+            error = ValueError(f"a bad sample on rank {rank} at step {step}")
+            if not args.raise_in_backward:
+                raise error
+            if last:
+                FailInBackward.armed, FailInBackward.error = True, error
+        point = plan.get(step) if step not in state["fired"] else None
         if point == "forward-middle" and state["done"] > 0 and not last:
             state["fired"].append(step)
             _torch.provoke_oom(torch.device("cpu"))
@@ -139,10 +152,19 @@ def main() -> int:
             torch.Tensor.clone = real_clone
             time.sleep(args.step_sleep)
         steps_done = run.step_count
+        overlap = getattr(run._job, "overlap", None)
+        early = overlap.early_total if overlap is not None else 0
     if rank == 0:
         torch.save(inner.state_dict(), out / "params.pt")
     (out / f"done-rank{rank}.json").write_text(
-        json.dumps({"steps": steps_done, "fired": state["fired"], "calls": state["calls"]})
+        json.dumps(
+            {
+                "steps": steps_done,
+                "fired": state["fired"],
+                "calls": state["calls"],
+                "early_buckets": early,
+            }
+        )
     )
     dist.destroy_process_group()
     return 0

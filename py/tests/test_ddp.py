@@ -52,16 +52,23 @@ TOL = 1e-6
 
 
 @pytest.mark.parametrize(
-    ("world", "rank"),
-    [(2, 1), (4, 2)],
-    ids=["2-ranks", "4-ranks"],
+    ("world", "rank", "bucket_kib"),
+    [(2, 1, 8), (4, 2, 0)],
+    ids=["2-ranks-small-buckets", "4-ranks"],
 )
-def test_ooms_on_one_rank_at_every_point_are_recovered_by_the_job(tmp_path, world, rank):
+def test_ooms_on_one_rank_at_every_point_are_recovered_by_the_job(
+    tmp_path, world, rank, bucket_kib
+):
+    """With 8 KiB buckets the model's gradients go in a dozen all-reduces, most of them
+    launched while the last backward still runs (the out-of-memory error in it strikes
+    after some have gone); with DDP's default, in one after it."""
     steps, per_rank = 5, 12
     inject = f"{rank}:optimizer-state@1,forward-middle@2,backward-first@3,backward-last@4"
     job = torchrun(
         world,
         "ddp_adaptive.py",
+        "--bucket-kib",
+        str(bucket_kib),
         "--steps",
         str(steps),
         "--per-rank",
@@ -79,6 +86,8 @@ def test_ooms_on_one_rank_at_every_point_are_recovered_by_the_job(tmp_path, worl
     for r in range(world):
         done = json.loads((tmp_path / f"done-rank{r}.json").read_text())
         assert done["steps"] == steps, (r, done)
+        # Buckets launched during a backward: at least two a step with small buckets.
+        assert (done["early_buckets"] >= 2 * steps) == bool(bucket_kib), done
         log = tmp_path / f"rank{r}.jsonl"
         assert [s["step"] for s in kinds(log, "step")] == list(range(1, steps + 1))
         assert kinds(log, "finished"), f"rank {r} did not finish"
@@ -88,11 +97,17 @@ def test_ooms_on_one_rank_at_every_point_are_recovered_by_the_job(tmp_path, worl
             texts = [n["text"] for n in kinds(log, "notice")]
             assert any("optimizer.step() before it changed anything" in t for t in texts)
             assert sum("start over" in t for t in texts) == 2, texts
+            assert any("in this rank's last backward" in t for t in texts), texts
         else:
             assert not kinds(log, "oom")
-    # Rank 0's rows: every rank's at every step, the agreement never a long wait.
+            # The OOM in the other rank's last backward (step 4), with the gradients'
+            # all-reduce under way: this rank dropped its step too and redid it.
+            texts = [n["text"] for n in kinds(log, "notice")]
+            assert sum("ran out of memory in its last backward" in t for t in texts) == 1, texts
+    # Rank 0's rows: every rank's at every step (step 4's twice: it was redone after the
+    # agreement before its last backward), the agreement never a long wait.
     rows = kinds(tmp_path / "rank0.jsonl", "job_ranks")
-    assert len(rows) == steps, rows
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 4, 5], [r["step"] for r in rows]
     assert all(len(r["ranks"]) == world for r in rows)
     assert rows[-1]["ranks"][rank]["ooms"] == 3
     # Rank 0 waits at the agreement for the slowest rank to end its step (a retry after an
@@ -379,11 +394,20 @@ def test_attach_to_the_job_shows_a_row_per_rank_and_pauses_every_rank_at_one_ste
         os.close(fd)
 
 
-def test_a_rank_that_raises_ends_every_rank_naming_it_and_why(tmp_path):
+@pytest.mark.parametrize(
+    "where",
+    [(), ("--raise-in-backward", "--bucket-kib", "8")],
+    ids=["in-a-forward", "in-the-last-backward"],
+)
+def test_a_rank_that_raises_ends_every_rank_naming_it_and_why(tmp_path, where):
+    """A ValueError on rank 1 at step 3: in its first forward (before the agreement), or
+    inside its last backward after some of its buckets' all-reduces have gone (8 KiB
+    buckets: it launches the rest, the verdict tells rank 0). Both ranks end, rank 0
+    naming rank 1 and its error."""
     job = torchrun(
-        2, "ddp_adaptive.py", "--steps", "6", "--raise-at", "1@3", "--out", str(tmp_path)
+        2, "ddp_adaptive.py", "--steps", "6", "--raise-at", "1@3", *where, "--out", str(tmp_path)
     )
-    out, err = wait(job, 240)
+    wait(job, 240)
     assert job.returncode != 0
     failed = kinds(tmp_path / "rank0.jsonl", "failed")
     assert failed, "rank 0's run did not end as failed"

@@ -2,13 +2,16 @@
 
 Why it cannot: every micro-batch of every rank runs under DDP's ``no_sync()``, so an
 out-of-memory error in any forward or backward is local and recovered locally, with no
-collective half-entered. Once a rank's micro-batches are done it enters one small
-collective, the *agreement* (an all-gather of a fixed record per rank on headroom's own
-gloo group), and only when every rank has said "done" does the gradient all-reduce run,
-once per step, through the job's own process group. A rank that fails says so in the
-agreement (the others raise with its reason instead of waiting); a rank that dies cannot
-say anything, and torchrun's agent ends the job: the others, waiting in the agreement,
-handle its SIGTERM there and end as failed, naming the ranks that never arrived.
+collective half-entered. Once a rank's last micro-batch of the step has run its forward it
+enters one small collective, the *agreement* (an all-gather of a fixed record per rank on
+headroom's own gloo group); the gradients' all-reduce then runs inside that last
+backward, bucket by bucket as DDP's does (``_overlap``), and a small verdict after it
+tells every rank whether all of them got through (a rank whose last backward failed still
+launches every bucket, so nobody waits; an out-of-memory error there has every rank redo
+the step). A rank that fails says so in the agreement (the others raise with its reason
+instead of waiting); a rank that dies cannot say anything, and torchrun's agent ends the
+job: the others, waiting in the agreement, handle its SIGTERM there and end as failed,
+naming the ranks that never arrived.
 
 The agreement also carries what the screen needs (each rank's row for rank 0's
 ``job_ranks`` record) and what every rank must do at the same step: commands sent to
@@ -34,7 +37,7 @@ from typing import Any
 
 import torch
 
-from . import _fsdp
+from . import _fsdp, _overlap, _torch
 
 # One record per rank, float64, in this order.
 FIELDS = (
@@ -78,9 +81,12 @@ class Abandon(Exception):
     """A stop signal reached this rank mid-step: it leaves its micro-batches for the
     agreement, where every rank gives the step up together."""
 
-    def __init__(self, done: int, samples: int):
+    def __init__(self, done: int, samples: int, agreed: bool = False):
         super().__init__(f"step given up after {done} of {samples} samples")
         self.done, self.samples = done, samples
+        # The agreement already said so (another rank's stop, seen before this rank's
+        # last backward): nothing is left to agree.
+        self.agreed = agreed
 
 
 class RankFailed(RuntimeError):
@@ -191,7 +197,12 @@ class Job:
             self.gates = _fsdp.Gates(dist, dist.new_group(backend="gloo"))
             self.units = _fsdp.install(model, self.gates)
         self.params = params
-        self.reducer = GradReducer(params, self.grad_group, self.world) if self.ddp else None
+        # The gradients' all-reduce overlapped with the last backward (_overlap), or, once
+        # that is off (see set_overlap), after it through the reducer.
+        self.overlap: _overlap.Overlap | None = None
+        self.reducer: GradReducer | None = None
+        if self.ddp is not None and run._adaptive:
+            self.set_overlap(True)
         hosts: list[Any] = [None] * self.world
         dist.all_gather_object(hosts, socket.gethostname(), group=self.meta)
         self.hosts = [str(h) for h in hosts]
@@ -332,6 +343,8 @@ class Job:
         after a run that did everything right."""
         if self.gates is not None:
             self.gates.close()
+        if self.overlap is not None:
+            self.overlap.close()
         meta, self.meta = self.meta, None
         if meta is not None:
             self.dist.destroy_process_group(meta)
@@ -436,6 +449,55 @@ class Job:
                     self.dist.broadcast(b, src=0, group=self.grad_group)
         except RuntimeError as e:
             raise self._peer_lost(step, self.agreements, e) from e
+
+    def set_overlap(self, on: bool) -> None:
+        """The gradients' all-reduce during the last backward (on) or after it (off: the
+        fallback when a gradient is accumulated twice in one backward, and the benchmark's
+        side-by-side). Every rank switches at the same step boundary."""
+        if on and self.overlap is None:
+            cap = getattr(self.ddp, "bucket_bytes_cap", BUCKET_BYTES)
+            self.overlap = _overlap.Overlap(
+                self.dist, self.params, self.grad_group, self.world, cap
+            )
+            self.reducer = None
+        elif not on:
+            if self.overlap is not None:
+                self.overlap.close()
+                self.overlap = None
+            if self.reducer is None:
+                self.reducer = GradReducer(self.params, self.grad_group, self.world)
+
+    def end_overlap(self, step: int, oom: bool, failed: bool) -> _overlap.Verdict:
+        """After this rank's last backward of a step (done, or failed with `oom` or
+        `failed`): the buckets it had not launched, then the verdict every rank reads (on
+        headroom's gloo group, so it waits like the agreement: signals and lost peers
+        seen), then the all-reduces' results in the gradients."""
+        ov = self.overlap
+        try:
+            try:
+                ov.launch_rest(abort=oom or failed)
+            except RuntimeError as e:
+                if not _torch.is_oom(e):
+                    raise
+                # Zeros for a gradient this rank lacks did not fit: the step is redone
+                # like any out-of-memory error in it (abort mode allocates no more).
+                oom = True
+                ov.launch_rest(abort=True)
+            mine = ov.verdict_record(oom, failed)
+            work = self.dist.all_reduce(mine, group=self.meta, async_op=True)
+            self._wait(work, step, self.agreements)
+            self.agreements += 1
+            v = ov.read(mine)
+            if v.redo or v.failed:
+                ov.abort = True
+            ov.drain()
+        except RankFailed:
+            raise
+        except RuntimeError as e:
+            raise self._peer_lost(step, self.agreements, e) from e
+        if not (v.redo or v.failed):
+            ov.drop_unused(v)
+        return v
 
     def reduce(self, step: int, grads_agree: bool) -> None:
         if self.reducer is None:

@@ -60,8 +60,12 @@ class JobRank:
                 f"torchrun job {job.job_id}: rank {job.rank} of {world}; effective_batch "
                 f"{self._effective} is per rank, so the global batch is {self._effective * world} "
                 "samples per step. Each rank's controller sizes its own micro-batches (all under "
-                "DDP's no_sync(), so an out-of-memory error stays local); after every rank's "
-                "micro-batches the ranks agree, then the gradients are all-reduced once"
+                "DDP's no_sync(), so an out-of-memory error stays local); before each rank's "
+                "last backward the ranks agree, and the gradients' all-reduce runs during that "
+                "backward, bucket by bucket as DDP's does"
+                if job.overlap is not None
+                else "DDP's no_sync(), so an out-of-memory error stays local); after every "
+                "rank's micro-batches the ranks agree, then the gradients are all-reduced once"
             )
         else:
             text = (
@@ -103,7 +107,9 @@ class JobRank:
                 f"step {step}: rank {rank} of the job failed ({text}); rank {self._job.rank} "
                 "ends too"
             )
-        self._job_commands = a.commands
+        # Added to, not replaced: a step redone after an out-of-memory error agrees more
+        # than once before its boundary takes them.
+        self._job_commands.extend(a.commands)
         if a.stop_by and not self._native.stop_requested:
             who = ", ".join(map(str, a.stop_by))
             self._native.request_stop(
@@ -151,6 +157,55 @@ class JobRank:
         finally:
             self._in_poll = False
             self._handle_pending_signals()
+
+    # ---- DDP: the gradients' all-reduce overlapped with the last backward (_overlap) ---
+
+    def _overlapped(self) -> bool:
+        job = self._job
+        return job is not None and job.fsdp is None and job.overlap is not None
+
+    def _before_last_backward(self, step: int, done: int, samples: int) -> None:
+        """This rank's last micro-batch of the step has run its forward: the ranks agree
+        here (a failure, a stop, the commands), so that once the buckets start going
+        during the backward nothing but the verdict can end the step."""
+        job = self._job
+        a = job.agree(step, _dist.OK)
+        self._job_agreed(step, a)
+        if a.abandon:
+            raise _dist.Abandon(done, samples, agreed=True)
+        job.overlap.arm()
+
+    def _after_last_backward(self, step: int, oom: bool = False, failed: bool = False) -> bool:
+        """This rank's last backward has ended (`oom`, `failed`: how it failed; `failed`
+        also for a loss that is not finite): the verdict. A rank that failed raises its
+        own error after this (the agreement then says it to the others, who end here).
+        Returns whether every rank redoes the step's samples."""
+        job = self._job
+        v = job.end_overlap(step, oom, failed)
+        if v.failed and not failed:
+            self._clear_grads()
+            self._job_agreed(step, job.agree(step, _dist.OK))
+            raise _dist.RankFailed(
+                f"step {step}: another rank of the job failed; rank {job.rank} ends too"
+            )
+        if v.twice:
+            job.set_overlap(False)
+            self._native.notice_text(
+                f"step {step}: a gradient was accumulated twice in one backward (a parameter "
+                "used inside and outside a reentrant checkpoint?), so its bucket's all-reduce "
+                "had left too early: every rank redoes the step, and the gradients are "
+                "all-reduced after the last backward from now on",
+                level="warn",
+                source="job",
+            )
+        elif v.oom and not oom:
+            self._native.notice_text(
+                f"step {step}: another rank of the job ran out of memory in its last backward "
+                "while the gradients were being all-reduced; every rank redoes the step's samples",
+                level="warn",
+                source="job",
+            )
+        return v.redo
 
     # ---- FSDP2: the same micro-batches on every rank, every collective gated ------------
 

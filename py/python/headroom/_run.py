@@ -596,11 +596,16 @@ class Run(StopSignals, JobRank):
                 self._job_fail(step, e)
             raise
         if job is not None:
-            agreed = job.agree(step, _dist.ABANDON if given_up else _dist.OK)
-            self._job_agreed(step, agreed)
-            if agreed.abandon:
+            if given_up is not None and given_up.agreed:
                 return self._give_up_step(step, given_up)
-            job.reduce(step, agreed.grads_agree)
+            if given_up is not None or not self._overlapped():
+                # (Overlapped, the agreement came before the last backward, the gradients'
+                # all-reduce during it.)
+                agreed = job.agree(step, _dist.ABANDON if given_up else _dist.OK)
+                self._job_agreed(step, agreed)
+                if agreed.abandon:
+                    return self._give_up_step(step, given_up)
+                job.reduce(step, agreed.grads_agree)
         self._accumulated = (step, mb, seq, n, t0, value, predicted)
         return value
 
@@ -619,25 +624,48 @@ class Run(StopSignals, JobRank):
             end = min(n, start + mb)
             failed = None
             in_backward = False
+            # A job's last backward of the step carries the gradients' all-reduce (_overlap).
+            overlapped = False
             versions = self._grad_versions()
             try:
                 with self._levers.autocast():
                     loss = loss_fn(cut(batch, start, end))
                 _args.micro_batch_loss(loss, step, start, end)
                 weight = (end - start) / n if reduction == "mean" else 1.0
+                if end == n and self._job is not None and self._overlapped():
+                    self._before_last_backward(step, start, n)
+                    overlapped = True
                 in_backward = True
                 _torch.backward_of(loss * weight, backward, scaler)
                 total += loss.detach() * weight
             except Exception as e:
-                if not _torch.is_oom(e, capped=self._hard_limit):
+                oom = _torch.is_oom(e, capped=self._hard_limit)
+                if overlapped:
+                    self._after_last_backward(step, oom=oom, failed=not oom)
+                if not oom:
                     raise
                 failed = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            except BaseException:
+                if overlapped:
+                    self._after_last_backward(step, failed=True)
+                raise
             loss = None
             if failed is None:
+                if overlapped and self._after_last_backward(
+                    step, failed=not math.isfinite(float(total))
+                ):
+                    # Another rank's last backward ran out of memory: the step's gradients
+                    # are dropped on every rank, and its samples start again.
+                    self._clear_grads()
+                    total = torch.zeros((), device=self.device)
+                    start = 0
+                    self._meter.reset()
+                    continue
                 start = end
                 continue
-            # Out of memory: the attempt's tensors went with its frames.
-            restart = in_backward and self._grads_changed(versions)
+            # Out of memory: the attempt's tensors went with its frames. In a job's last
+            # backward the all-reduce had begun: every rank starts the step over.
+            restart = overlapped or (in_backward and self._grads_changed(versions))
             retry, _, last_resort = self._native.oom(step, mb, seq, failed)
             self._snapshot_oom(step)
             _torch.free_memory(self.device)
@@ -656,7 +684,11 @@ class Run(StopSignals, JobRank):
                 # they cannot be told apart from the completed ones', so the step's
                 # samples start over (exact, at the cost of recomputing them).
                 self.notice(
-                    f"step {step}: the out-of-memory error struck after gradients were "
+                    f"step {step}: out of memory in this rank's last backward, with the "
+                    "gradients' all-reduce under way; every rank of the job drops the step's "
+                    f"gradients and its samples start over, this rank's at micro-batch {retry}"
+                    if overlapped
+                    else f"step {step}: the out-of-memory error struck after gradients were "
                     "partly accumulated; the step's samples start over at micro-batch "
                     f"{retry}",
                     level="warn",

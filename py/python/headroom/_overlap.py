@@ -1,0 +1,271 @@
+"""A DDP job's gradient all-reduce, overlapped with each rank's last backward of a step.
+
+Plain DDP hides most of its gradient all-reduce inside the last micro-batch's backward:
+a bucket's all-reduce starts as soon as its gradients are complete. headroom runs that
+backward under ``no_sync()`` too (so an out-of-memory error in it can never strand a rank
+in a half-entered collective), and without this module it all-reduces every gradient
+after the backward, paying the communication on top of the step (docs/BENCHMARKS.md,
+"The overlap at 8 GPUs, modelled": 2-15% of a step on 8 GPUs).
+
+Here the buckets are launched by headroom, not by DDP, as their gradients become ready
+(``Tensor.register_post_accumulate_grad_hook``), in a layout fixed at the job's start
+and the same on every rank, strictly in order (every rank issues the same collectives in
+the same sequence, as DDP does). What keeps the guarantee that no rank's error leaves
+another waiting: a rank whose last backward fails still launches every bucket it had not
+launched (from preallocated buffers; the contents do not matter), then every rank reads
+one small verdict on headroom's own gloo group (out of memory here, failed there, which
+parameters have gradients anywhere). An out-of-memory error anywhere in a last backward
+has every rank drop the step's gradients and redo its samples: one step of compute, only
+for an error the controller makes rare (that micro-batch is no larger than the ones that
+just fit in the same step).
+
+Memory: buckets of several gradients go through a ring of ``RING`` buffers of the largest
+such bucket (at most DDP's ``bucket_cap_mb``) per dtype and device, allocated at the
+job's start; a gradient larger than a bucket is all-reduced in place. Nothing else is
+allocated, except zeros for a gradient this rank does not have (a branch its data did not
+take), as DDP's unused-parameter handling does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# Buffers per dtype and device: a bucket's buffer is reused two buckets later, after its
+# all-reduce has finished (a host wait on gloo, a stream wait on NCCL).
+RING = 2
+# DDP's own first bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES): small, so the
+# communication starts early in the backward.
+FIRST_BUCKET_BYTES = 1 << 20
+
+
+@dataclass
+class Bucket:
+    """Gradients all-reduced together: one dtype and device, contiguous in the buffer."""
+
+    params: list[int]  # indices into the job's parameters
+    key: tuple[torch.dtype, torch.device]
+    numel: int
+    solo: bool  # one gradient larger than a bucket: all-reduced in place
+
+
+@dataclass
+class Verdict:
+    """What every rank learned after the last backward's buckets: the same everywhere."""
+
+    oom: int  # ranks whose last backward ran out of memory
+    failed: int  # ranks whose step failed otherwise (an error, a non-finite loss)
+    twice: int  # ranks where a gradient was accumulated twice in one backward
+    has_grad: list[bool]  # per parameter: whether any rank has a gradient for it
+
+    @property
+    def redo(self) -> bool:
+        return self.oom > 0 or self.twice > 0
+
+
+def layout(params: list[torch.nn.Parameter], cap_bytes: int) -> list[Bucket]:
+    """The buckets in launch order: the parameters in reverse registration order (the
+    order a backward usually completes their gradients, DDP's first guess too), packed
+    per dtype and device up to `cap_bytes` (the first bucket up to 1 MiB)."""
+    buckets: list[Bucket] = []
+    open_: dict[tuple[torch.dtype, torch.device], Bucket] = {}
+    for i in reversed(range(len(params))):
+        p = params[i]
+        key = (p.dtype, p.device)
+        size = p.element_size()
+        limit = FIRST_BUCKET_BYTES if not buckets and not open_ else cap_bytes
+        if p.numel() * size > cap_bytes:
+            buckets.append(Bucket([i], key, p.numel(), solo=True))
+            continue
+        b = open_.get(key)
+        if b is not None and (b.numel + p.numel()) * size > limit:
+            buckets.append(open_.pop(key))
+            b = None
+        if b is None:
+            b = open_[key] = Bucket([], key, 0, solo=False)
+        b.params.append(i)
+        b.numel += p.numel()
+    # Still-open buckets close in the order they were opened.
+    buckets.extend(sorted(open_.values(), key=lambda b: -b.params[0]))
+    return buckets
+
+
+class Overlap:
+    """One rank's buckets, hooks and buffers; armed for the last backward of a step."""
+
+    def __init__(self, dist, params: list[torch.nn.Parameter], group, world: int, cap: int):
+        self.dist = dist
+        self.group = group
+        self.world = world
+        self.params = params
+        self.buckets = layout(params, cap)
+        self.bucket_of = [0] * len(params)
+        for k, b in enumerate(self.buckets):
+            for i in b.params:
+                self.bucket_of[i] = k
+        # NCCL averages in the collective; gloo sums and the copy back divides.
+        backend = str(dist.get_backend(group)).lower()
+        self.op = dist.ReduceOp.AVG if backend == "nccl" else dist.ReduceOp.SUM
+        self.divide = self.op == dist.ReduceOp.SUM and world > 1
+        largest: dict[tuple[torch.dtype, torch.device], int] = {}
+        for b in self.buckets:
+            if not b.solo:
+                largest[b.key] = max(largest.get(b.key, 0), b.numel)
+        self.ring = {
+            key: [torch.empty(n, dtype=key[0], device=key[1]) for _ in range(RING)]
+            for key, n in largest.items()
+        }
+        self.uses: dict[tuple[torch.dtype, torch.device], int] = {}
+        self.armed = False
+        self.abort = False
+        self.next = 0
+        self.ready = [0] * len(self.buckets)
+        self.fired = [False] * len(params)
+        self.twice = False
+        # (bucket, work, buffer or None), in launch order; a buffer's entry leaves when it
+        # is reused or drained.
+        self.pending: list[tuple[int, Any, torch.Tensor | None]] = []
+        self.hooks = [
+            p.register_post_accumulate_grad_hook(self._hook(i)) for i, p in enumerate(params)
+        ]
+        # Buckets launched while a backward still ran (this attempt's, and the run's).
+        self.launched_in_backward = 0
+        self.early_total = 0
+
+    def close(self) -> None:
+        for h in self.hooks:
+            h.remove()
+        self.hooks = []
+
+    # ---- one attempt at a step's last backward ----------------------------------------
+
+    def arm(self) -> None:
+        """The ranks agreed the step's last backward runs: launch its buckets as they fill."""
+        self.armed, self.abort, self.twice = True, False, False
+        self.next = 0
+        self.ready = [0] * len(self.buckets)
+        self.fired = [False] * len(self.params)
+        self.uses = {}
+        self.pending = []
+        self.launched_in_backward = 0
+
+    def _hook(self, i: int):
+        def ready(_param: torch.Tensor) -> None:
+            if not self.armed:
+                return
+            if self.fired[i]:
+                # A second accumulation in one backward (a parameter used inside and
+                # outside a reentrant checkpoint): its bucket may already have gone.
+                self.twice = True
+                return
+            self.fired[i] = True
+            k = self.bucket_of[i]
+            self.ready[k] += 1
+            while self.next < len(self.buckets) and self.ready[self.next] == len(
+                self.buckets[self.next].params
+            ):
+                self._launch(self.next)
+                self.next += 1
+                self.launched_in_backward += 1
+                self.early_total += 1
+
+        return ready
+
+    def launch_rest(self, abort: bool) -> None:
+        """After the backward: every bucket not yet launched, in order (gradients that did
+        not arrive count as they are, or as zeros). `abort`: this rank's backward failed;
+        the collectives only keep the ranks in step, and nothing is copied back."""
+        self.armed = False
+        self.abort = self.abort or abort
+        while self.next < len(self.buckets):
+            self._launch(self.next)
+            self.next += 1
+
+    def _launch(self, k: int) -> None:
+        b = self.buckets[k]
+        if b.solo:
+            p = self.params[b.params[0]]
+            if p.grad is None:
+                # Zeros, as DDP reduces an unused parameter's; dropped again after the
+                # verdict if no rank has a gradient for it.
+                p.grad = torch.zeros_like(p)
+            work = self.dist.all_reduce(p.grad, op=self.op, group=self.group, async_op=True)
+            self.pending.append((k, work, None))
+            return
+        use = self.uses.get(b.key, 0)
+        self.uses[b.key] = use + 1
+        buf = self.ring[b.key][use % RING]
+        self._finish_using(buf)
+        flat = buf[: b.numel]
+        off = 0
+        with torch.no_grad():
+            for i in b.params:
+                p = self.params[i]
+                n = p.numel()
+                if p.grad is None:
+                    flat[off : off + n].zero_()
+                else:
+                    flat[off : off + n].copy_(p.grad.reshape(-1))
+                off += n
+        work = self.dist.all_reduce(flat, op=self.op, group=self.group, async_op=True)
+        self.pending.append((k, work, buf))
+
+    def _finish_using(self, buf: torch.Tensor) -> None:
+        """The buffer's previous bucket, if still pending: its all-reduce waited for, its
+        result copied back, so the buffer can take the next."""
+        for j, (k, work, used) in enumerate(self.pending):
+            if used is buf:
+                del self.pending[j]
+                self._complete(k, work, used)
+                return
+
+    def drain(self) -> None:
+        """Every launched bucket's all-reduce waited for and copied back (on NCCL the wait
+        is the stream's, not the host's)."""
+        pending, self.pending = self.pending, []
+        for k, work, buf in pending:
+            self._complete(k, work, buf)
+
+    def _complete(self, k: int, work, buf: torch.Tensor | None) -> None:
+        work.wait()
+        if self.abort:
+            return
+        b = self.buckets[k]
+        with torch.no_grad():
+            if buf is None:
+                g = self.params[b.params[0]].grad
+                if self.divide:
+                    g.div_(self.world)
+                return
+            flat = buf[: b.numel]
+            if self.divide:
+                flat.div_(self.world)
+            off = 0
+            for i in b.params:
+                p = self.params[i]
+                n = p.numel()
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                p.grad.copy_(flat[off : off + n].view_as(p))
+                off += n
+
+    def verdict_record(self, oom: bool, failed: bool) -> torch.Tensor:
+        """This rank's part of the verdict (summed over the ranks)."""
+        has = [0.0 if p.grad is None else 1.0 for p in self.params]
+        head = [float(oom), float(failed), float(self.twice)]
+        return torch.tensor(head + has, dtype=torch.float64)
+
+    @staticmethod
+    def read(summed: torch.Tensor) -> Verdict:
+        v = summed.tolist()
+        return Verdict(
+            oom=int(v[0]), failed=int(v[1]), twice=int(v[2]), has_grad=[x > 0 for x in v[3:]]
+        )
+
+    def drop_unused(self, v: Verdict) -> None:
+        """A parameter no rank has a gradient for keeps none (as in a one-process run)."""
+        for p, has in zip(self.params, v.has_grad):
+            if not has:
+                p.grad = None
