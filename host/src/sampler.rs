@@ -21,6 +21,10 @@ const SNAPSHOT_EVERY: Duration = Duration::from_secs(2);
 /// the rate asked for (docs/BENCHMARKS.md, "Telemetry cost").
 const HOST_EVERY: Duration = Duration::from_millis(250);
 
+/// A GPU's utilisation, temperature and power (three NVML calls, and the name once) change
+/// slowly and no OOM hides in them: read at most this often; its memory every sample.
+const GPU_SLOW_EVERY: Duration = HOST_EVERY;
+
 /// Which accelerator the run uses; `None` for a CPU run (then GPU figures would describe
 /// a device the run does not touch, so none are read).
 pub type CudaIndex = Option<usize>;
@@ -112,6 +116,8 @@ struct Sources {
     snapshot_failed: bool,
     /// The last full host and heap figures, and when they were read.
     host_read: Option<(Instant, HostStats, Option<HeapStats>)>,
+    /// The GPU's slow figures (see [`GPU_SLOW_EVERY`]), and when they were read.
+    gpu_slow: Option<(Instant, GpuStats)>,
 }
 
 impl Sources {
@@ -153,6 +159,7 @@ impl Sources {
             last_snapshot: None,
             snapshot_failed: false,
             host_read: None,
+            gpu_slow: None,
         }
     }
 
@@ -219,19 +226,32 @@ impl Sources {
         if self.gpu_failed {
             return None;
         }
+        let slow = self
+            .gpu_slow
+            .as_ref()
+            .filter(|(at, _)| at.elapsed() < GPU_SLOW_EVERY)
+            .map(|(_, g)| g.clone());
+        let fresh = slow.is_none();
         let read = || -> Result<GpuStats, nvml_wrapper::error::NvmlError> {
             let dev = nvml.device_by_index(index)?;
             let mem = dev.memory_info()?;
-            Ok(GpuStats {
-                index,
-                name: dev.name().unwrap_or_else(|_| format!("cuda:{index}")),
-                mem_used: mem.used,
-                mem_total: mem.total,
-                util_percent: dev.utilization_rates().ok().map(|u| u.gpu),
-                temperature_c: dev.temperature(TemperatureSensor::Gpu).ok(),
-                power_w: dev.power_usage().ok().map(|mw| mw as f64 / 1000.0),
-            })
+            let mut g = match slow {
+                Some(g) => g,
+                None => GpuStats {
+                    index,
+                    name: dev.name().unwrap_or_else(|_| format!("cuda:{index}")),
+                    mem_used: 0,
+                    mem_total: 0,
+                    util_percent: dev.utilization_rates().ok().map(|u| u.gpu),
+                    temperature_c: dev.temperature(TemperatureSensor::Gpu).ok(),
+                    power_w: dev.power_usage().ok().map(|mw| mw as f64 / 1000.0),
+                },
+            };
+            g.mem_used = mem.used;
+            g.mem_total = mem.total;
+            Ok(g)
         };
+
         let injected = self.fail_gpu_after.is_some_and(|n| self.gpu_reads >= n);
         let result = if injected {
             Err(nvml_wrapper::error::NvmlError::GpuLost)
@@ -240,7 +260,12 @@ impl Sources {
         };
         self.gpu_reads += 1;
         match result {
-            Ok(g) => Some(g),
+            Ok(g) => {
+                if fresh {
+                    self.gpu_slow = Some((Instant::now(), g.clone()));
+                }
+                Some(g)
+            }
             Err(e) => {
                 self.gpu_failed = true;
                 notice(

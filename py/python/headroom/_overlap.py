@@ -75,7 +75,7 @@ def layout(params: list[torch.nn.Parameter], cap_bytes: int) -> list[Bucket]:
         p = params[i]
         key = (p.dtype, p.device)
         size = p.element_size()
-        limit = FIRST_BUCKET_BYTES if not buckets and not open_ else cap_bytes
+        limit = cap_bytes if buckets else min(FIRST_BUCKET_BYTES, cap_bytes)
         if p.numel() * size > cap_bytes:
             buckets.append(Bucket([i], key, p.numel(), solo=True))
             continue

@@ -202,7 +202,8 @@ class _Adaptive(Watch):
         if args.world_size > 1:
             # Under torchrun the run joins the job through the Trainer's DDP wrapper (made
             # by now): every micro-batch under its no_sync, the gradients averaged once per
-            # batch after the ranks agree, so one rank's OOM never strands the others.
+            # batch inside the last backward after the ranks agree, so one rank's OOM never
+            # strands the others.
             model = self.trainer.model_wrapped
         self.run = self._make_run(args, state, model, **kw, **_hf_levers(args, model))
         self._optimizer = kwargs.get("optimizer") or self.trainer.optimizer

@@ -149,9 +149,9 @@ class Adaptive(Watch):
             )
         # Under torchrun the run joins the job through the strategy's DDP wrapper: every
         # micro-batch under its no_sync (so manual_backward arms no reducer), the gradients
-        # averaged once per batch after the ranks agree. Under ModelParallelStrategy (FSDP2)
-        # it joins with the module's FSDP root; FSDPStrategy (FSDP1) and DeepSpeed are
-        # refused.
+        # averaged once per batch inside the last backward after the ranks agree. Under
+        # ModelParallelStrategy (FSDP2) it joins with the module's FSDP root; FSDPStrategy
+        # (FSDP1) and DeepSpeed are refused.
         model = trainer.strategy.model if trainer.world_size > 1 else pl_module
         root = _fsdp.outermost(pl_module) if trainer.world_size > 1 else None
         if root is not None:
