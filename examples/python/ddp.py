@@ -21,8 +21,8 @@ What changes from a single-process loop (examples/python/nanogpt.py):
 - `effective_batch` is per rank: the global batch is that times the world size;
 - each rank draws its own samples (here: its own generator seeded by its rank);
 - the loss function calls the DDP model; headroom runs every micro-batch under DDP's
-  `no_sync()` and all-reduces the gradients once per step after every rank has finished
-  its micro-batches (docs/PYTHON.md, "torchrun");
+  `no_sync()` and all-reduces the gradients once per step, bucket by bucket during each
+  rank's last backward after the ranks have agreed (docs/PYTHON.md, "torchrun");
 - only rank 0 writes checkpoints (every rank's `on_checkpoint` is called at the same step).
 """
 
