@@ -420,18 +420,11 @@ def median(v: list[float]) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--room", type=int, default=200, help="MiB above what each process holds")
-    ap.add_argument("--steps", type=int, default=200, help="the long phase's optimizer steps")
-    ap.add_argument("--effective", type=int, default=24, help="samples per optimizer step")
+    # --steps: the long phase's optimizer steps.
+    ap = peers.bench_args(__doc__, room=200, steps=200, effective=24, seq_len=256)
     ap.add_argument("--find-steps", type=int, default=8, help="steps of the find phase")
     ap.add_argument("--rounds", type=int, default=3, help="speed phase: rounds")
     ap.add_argument("--block", type=int, default=3, help="speed phase: steps per size a round")
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--n-layer", type=int, default=4)
-    ap.add_argument("--n-embd", type=int, default=128)
-    ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--phases", default="find,speed,long")
     ap.add_argument("--find", default=",".join(FIND), help="find-phase contenders")
     ap.add_argument("--long", default=",".join(n for n, _, _ in LONG), help="long-phase rows")

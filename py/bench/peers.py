@@ -662,18 +662,24 @@ def summarise(r: dict, steps: int) -> dict:
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--room", type=int, default=250, help="MiB above what each process holds")
-    ap.add_argument("--steps", type=int, default=30, help="optimizer steps per contender")
-    ap.add_argument("--effective", type=int, default=256, help="samples per optimizer step")
-    ap.add_argument("--start", type=int, default=256, help="headroom's/accelerate's first size")
-    ap.add_argument("--peak-steps", type=int, default=10, help="steps the peak is read over")
+def bench_args(doc: str, *, room: int, steps: int, effective: int, seq_len: int):
+    """The argument parser's common part: the cap's room, the run's length, the model."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--room", type=int, default=room, help="MiB above what each process holds")
+    ap.add_argument("--steps", type=int, default=steps, help="optimizer steps per run")
+    ap.add_argument("--effective", type=int, default=effective, help="samples per step")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    ap.add_argument("--seq-len", type=int, default=64)
+    ap.add_argument("--seq-len", type=int, default=seq_len)
     ap.add_argument("--n-layer", type=int, default=4)
     ap.add_argument("--n-embd", type=int, default=128)
     ap.add_argument("--seed", type=int, default=1337)
+    return ap
+
+
+def main() -> int:
+    ap = bench_args(__doc__, room=250, steps=30, effective=256, seq_len=64)
+    ap.add_argument("--start", type=int, default=256, help="headroom's/accelerate's first size")
+    ap.add_argument("--peak-steps", type=int, default=10, help="steps the peak is read over")
     ap.add_argument(
         "--model",
         default="gpt",

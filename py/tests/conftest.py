@@ -151,6 +151,19 @@ def live_records(log: Path, kind: str | None = None) -> list[dict]:
     return [r for r in found if kind is None or r["kind"] == kind]
 
 
+def injection_plan(spec: str, rank: int) -> dict[int, str]:
+    """The rank scripts' `--inject RANK:POINT@STEP,POINT@STEP...`: this rank's points by
+    step (empty for the other ranks)."""
+    plan: dict[int, str] = {}
+    if spec:
+        r, points = spec.split(":")
+        if int(r) == rank:
+            for item in points.split(","):
+                point, at = item.split("@")
+                plan[int(at)] = point
+    return plan
+
+
 class FailInBackward(torch.autograd.Function):
     """Identity whose backward asks the allocator for the impossible when armed (the
     rank scripts' injected OOMs): placed at the input side, the later layers' gradients

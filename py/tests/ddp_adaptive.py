@@ -17,7 +17,7 @@ import torch.distributed as dist
 import headroom
 from headroom import _native, _torch
 
-from conftest import FailInBackward, TinyGPT, die_with_parent, say
+from conftest import FailInBackward, TinyGPT, die_with_parent, injection_plan, say
 
 
 def main() -> int:
@@ -70,13 +70,7 @@ def main() -> int:
             x = torch.randint(0, 64, (args.per_rank * world, args.seq), generator=gen)
             yield x, torch.roll(x, -1, dims=1)
 
-    plan: dict[int, str] = {}
-    if args.inject:
-        r, points = args.inject.split(":")
-        if int(r) == rank:
-            for item in points.split(","):
-                point, at = item.split("@")
-                plan[int(at)] = point
+    plan = injection_plan(args.inject, rank)
     state = {"step": 0, "calls": 0, "done": 0, "fired": []}
     raise_rank, raise_step = (
         (int(v) for v in args.raise_at.split("@")) if args.raise_at else (-1, -1)
