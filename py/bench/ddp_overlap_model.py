@@ -277,6 +277,45 @@ def headroom_buckets(params: list[Param], elem: int) -> list[tuple[int, bool]]:
     return out
 
 
+def overlapped_buckets(params: list[Param], elem: int) -> list[tuple[int, float, bool]]:
+    """headroom's overlapped layout (headroom._overlap.layout): reverse registration
+    order, packed up to 25 MiB (the first up to 1 MiB), a gradient larger than a bucket
+    alone and in place. (bytes, ready, in_place) per bucket, in launch order."""
+    out, used, ready, first = [], 0, 0.0, True
+    for p in reversed(params):
+        b = p.numel * elem
+        if b > DDP_BUCKET:
+            out.append((b, p.ready, True))
+            continue
+        limit = DDP_FIRST_BUCKET if first else DDP_BUCKET
+        if used and used + b > limit:
+            out.append((used, ready, False))
+            used, ready, first = 0, 0.0, False
+        used += b
+        ready = max(ready, p.ready)
+    if used:
+        out.append((used, ready, False))
+    return out
+
+
+def overlapped_exposed(buckets, t_bwd: float, link: Link) -> float:
+    """Seconds headroom's overlapped reduction adds past the end of the last backward:
+    its agreement before that backward and its verdict after it (two small gloo
+    collectives), then the bucket chain as DDP's (launched in order from each bucket's
+    ready time; NCCL averages, so no divide pass), the ring's copies back. A ring
+    buffer's reuse makes the compute stream wait for the all-reduce two buckets back: on
+    a link slower than the backward that delays the backward, not the chain's end."""
+    done = 0.0
+    finish = []
+    for nbytes, ready, _ in buckets:
+        done = max(done, ready * t_bwd) + allreduce_s(nbytes, link)
+        finish.append(done)
+    copied = t_bwd
+    for (nbytes, _, in_place), f in zip(buckets, finish):
+        copied = max(copied, f) + (0 if in_place else 2 * nbytes / HBM)
+    return copied - t_bwd + (LAUNCH_US + 2 * link.agree_us) * 1e-6
+
+
 def allreduce_s(nbytes: float, link: Link, n: int = RANKS) -> float:
     return link.latency_us * 1e-6 + 2 * (n - 1) / n * nbytes / (link.busbw * 1e9)
 
@@ -313,10 +352,16 @@ class Row:
     comm_ms: float
     plain_ms: float
     headroom_ms: float
+    overlapped_ms: float
 
     @property
     def lost(self) -> float:
         return (self.headroom_ms - self.plain_ms) / self.step_ms
+
+    @property
+    def lost_now(self) -> float:
+        """What the overlapped design still loses against plain DDP."""
+        return (self.overlapped_ms - self.plain_ms) / self.step_ms
 
 
 def model_rows(shape: Shape, params, flops_tok: float, link: Link, micro: int) -> Row:
@@ -329,10 +374,12 @@ def model_rows(shape: Shape, params, flops_tok: float, link: Link, micro: int) -
     dbk = ddp_buckets(params, elem)
     plain = plain_exposed(dbk, t_bwd, link) + copy_in
     hroom = headroom_exposed(headroom_buckets(params, elem), link)
+    # The ring's copies in run inside the backward, as DDP's do (counted in t_bwd).
+    over = overlapped_exposed(overlapped_buckets(params, elem), t_bwd, link) + copy_in
     opt = n * shape.opt_bytes / HBM
     step = micro * t_mb + plain + opt
     comm = sum(allreduce_s(b, link) for b, _ in dbk)
-    return Row(shape, link, micro, step * 1e3, comm * 1e3, plain * 1e3, hroom * 1e3)
+    return Row(shape, link, micro, step * 1e3, comm * 1e3, plain * 1e3, hroom * 1e3, over * 1e3)
 
 
 # ---- the CPU measurement of the benchmarks' GPT ---------------------------------------
@@ -528,6 +575,31 @@ def main() -> int:
                 f"{s.name:11} {link.name:47} {rows[0].comm_ms:5.2f}ms | {cells} | "
                 f"{upto if upto < 256 else '>256'}"
             )
+    print()
+    print(
+        "Overlapped (headroom._overlap, built since): plain DDP's exposed share / the "
+        "overlapped design's / what it still loses"
+    )
+    head = (
+        f"{'model':11} {'interconnect':47} | "
+        + " | ".join(f"m={m:<2}  plain  overlapped  lost" for m in (1, 4, 16))
+        + " | lost>1% up to m"
+    )
+    print(head)
+    print("-" * len(head))
+    for s, params, flops_tok in built:
+        for link in LINKS:
+            rows = [model_rows(s, params, flops_tok, link, m) for m in (1, 4, 16)]
+            cells = " | ".join(
+                f"{r.plain_ms / r.step_ms:10.1%} {r.overlapped_ms / r.step_ms:10.1%} "
+                f"{r.lost_now:6.2%}"
+                for r in rows
+            )
+            upto = 0
+            for m in range(1, 257):
+                if model_rows(s, params, flops_tok, link, m).lost_now > 0.01:
+                    upto = m
+            print(f"{s.name:11} {link.name:47} | {cells} | {upto}")
     print()
     print("headroom's time after the last backward, by part (the same at every m):")
     for s, params, _ in built:

@@ -47,6 +47,7 @@ def main() -> int:
     ap.add_argument(
         "--checkpoint", action="store_true", help="on_checkpoint saves the sharded state (DCP)"
     )
+    ap.add_argument("--fixed", action="store_true", help="adaptive=False: the size is held")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -128,6 +129,7 @@ def main() -> int:
         total_steps=args.steps,
         log=out / f"rank{rank}.jsonl",
         listen=args.listen if rank == 0 else None,
+        adaptive=not args.fixed,
     ) as run:
         say(f"rank {rank} pid {os.getpid()} serving {run.name}")
         if run.tcp:

@@ -426,6 +426,15 @@ def test_sigterm_in_a_long_step_gives_it_up_on_every_rank_and_saves_the_last_com
     """Steps of many seconds (micro-batches of 1): SIGTERM to torchrun mid-step; each rank
     leaves its micro-batches at the next boundary, the job gives the step up at one
     agreement, every rank checkpoints the last completed step and exits, within seconds."""
+    sigterm_in_a_long_step(tmp_path, "ddp_adaptive.py")
+    for r in range(2):
+        assert (tmp_path / f"ckpt-rank{r}-step1.pt").exists()
+
+
+def sigterm_in_a_long_step(tmp_path: Path, script: str) -> None:
+    """SIGTERM to a job of `script` in its second step, of about 20 s: every rank gives
+    the step up, saves step 1 and ends as stopped, well before the step would have ended
+    (the checkpoint's files are the caller's to check)."""
     # Steps of about 20 s on this machine (giving one up takes 2-4 s): micro-batches a
     # second measured first, on a job of the same shape (its second step, past the first's
     # warm-up).
@@ -434,7 +443,7 @@ def test_sigterm_in_a_long_step_gives_it_up_on_every_rank_and_saves_the_last_com
     finish(
         torchrun(
             2,
-            "ddp_adaptive.py",
+            script,
             "--steps",
             "2",
             "--per-rank",
@@ -451,7 +460,7 @@ def test_sigterm_in_a_long_step_gives_it_up_on_every_rank_and_saves_the_last_com
     print(f"{rate:.0f} micro-batches/s: {per_rank} per rank a step")
     job = torchrun(
         2,
-        "ddp_adaptive.py",
+        script,
         "--steps",
         "100000",
         "--per-rank",
@@ -482,7 +491,6 @@ def test_sigterm_in_a_long_step_gives_it_up_on_every_rank_and_saves_the_last_com
         assert len(steps) == 1, f"rank {r} completed {len(steps)} steps"
         saved = kinds(log, "checkpoint_saved")
         assert [c["step"] for c in saved] == [1], saved
-        assert (tmp_path / f"ckpt-rank{r}-step1.pt").exists()
         texts = [n["text"] for n in kinds(log, "notice")]
         assert any("step 2 given up by every rank of the job" in t for t in texts), texts
         assert kinds(log, "finished")[0]["stopped_by_user"]

@@ -14,7 +14,7 @@ import time
 
 import pytest
 import torch
-from test_ddp import TOL, _pids, _wait_for_steps, reference
+from test_ddp import TOL, _pids, _wait_for_steps, reference, sigterm_in_a_long_step
 
 from conftest import TinyGPT, assert_params_close, finish, kinds, torchrun, wait
 
@@ -143,6 +143,20 @@ def test_sigterm_to_torchrun_saves_every_ranks_shards_at_one_step(tmp_path):
     model.load_state_dict(state["model"])
     got = torch.load(tmp_path / "params.pt")
     assert_params_close(dict(model.named_parameters()), got, 0.0)
+
+
+def test_sigterm_in_a_long_step_gives_it_up_on_every_rank_and_saves_the_last_completed(
+    tmp_path,
+):
+    """Under FSDP2 a rank with a stop signal leaves the step at its next gate (a unit's
+    all-gather or reduce-scatter) or micro-batch, the others at theirs, FSDP is reset and
+    the step given up on every rank; the shards of step 1 are saved, loadable."""
+    import torch.distributed.checkpoint as dcp
+
+    sigterm_in_a_long_step(tmp_path, "fsdp_adaptive.py")
+    model = TinyGPT()
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(tmp_path / "ckpt-step1"))
 
 
 def test_a_rank_under_a_real_cap_sets_every_ranks_count_and_the_job_trains(tmp_path):

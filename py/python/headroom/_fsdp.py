@@ -20,6 +20,10 @@ rules make that impossible:
   the rank that ran out shrinks, the ranks agree on the new count, and the step's samples
   run again from the first: exact, at the cost of the micro-batches already done.
 
+A stop signal mid-step travels the same way: the signalled rank leaves the step at its
+next gate or micro-batch with "stop", the others leave at theirs, and the step is given
+up on every rank at the agreement (its gradients dropped, the last completed step saved).
+
 Accumulation: gradient sync is off for all micro-batches but the last (each rank holds its
 units' unsharded gradients meanwhile; one reduce-scatter per unit per step, the traffic of
 a fixed-batch run). docs/PYTHON.md, "FSDP2".
@@ -35,12 +39,23 @@ from typing import Any
 
 import torch
 
-# What a gate carries: [worst status, whether any rank is still in the step].
-RUNNING, OOM, FAILED = 0.0, 1.0, 2.0
+# What a gate carries: [worst status, whether any rank is still in the step]. The worst
+# (the largest) decides: a failure ends the job, a stop gives the step up, an
+# out-of-memory error has it redone.
+RUNNING, OOM, ABANDON, FAILED = 0.0, 1.0, 1.5, 2.0
 
 
 class PeerOutOfMemory(RuntimeError):
     """Another rank ran out of memory mid-step: this rank leaves the step to redo it."""
+
+
+class StopRequested(RuntimeError):
+    """A stop signal reached this rank mid-step: it leaves the step at its next gate (or
+    micro-batch), and every rank gives the step up."""
+
+
+class PeerAbandoned(RuntimeError):
+    """Another rank left the step for a stop signal: this one gives it up too."""
 
 
 class PeerFailed(RuntimeError):
@@ -121,6 +136,9 @@ class Gates:
         self.group = group
         self.passed = 0
         self.us = 0.0
+        # While a step's micro-batches run: whether this rank is to leave the step (a stop
+        # signal arrived), asked before each gate, so a long micro-batch is left promptly.
+        self.leaving = None
 
     def close(self) -> None:
         """The run has ended: FSDP's collectives pass without a gate from now on (a
@@ -140,10 +158,14 @@ class Gates:
         """Before a collective: every rank is here, or one is out of the step."""
         if self.group is None:
             return
+        if self.leaving is not None and self.leaving():
+            raise StopRequested("a stop signal on this rank")
         status, _ = self._round(RUNNING, 1.0)
         self.passed += 1
         if status == OOM:
             raise PeerOutOfMemory("another rank ran out of memory in this step")
+        if status == ABANDON:
+            raise PeerAbandoned("another rank left this step for a stop signal")
         if status == FAILED:
             raise PeerFailed("another rank failed in this step")
 

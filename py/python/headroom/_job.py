@@ -237,9 +237,12 @@ class JobRank:
             self._meter.reset()
             total = torch.zeros((), device=self.device)
             status, failed = _fsdp.RUNNING, None
+            start = 0
+            gates.leaving = self._abandon_step_requested
             try:
-                start = 0
                 for i, size in enumerate(sizes):
+                    if self._abandon_step_requested():
+                        raise _fsdp.StopRequested("a stop signal on this rank")
                     _fsdp.set_sync(model, i == count - 1)
                     end = start + size
                     with self._levers.autocast():
@@ -252,6 +255,8 @@ class JobRank:
                     start = end
             except _fsdp.PeerOutOfMemory:
                 status = _fsdp.OOM
+            except (_fsdp.StopRequested, _fsdp.PeerAbandoned):
+                status = _fsdp.ABANDON
             except _fsdp.PeerFailed:
                 status = _fsdp.FAILED
             except Exception as e:
@@ -266,6 +271,8 @@ class JobRank:
                     raise
                 status = _fsdp.OOM
                 failed = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            finally:
+                gates.leaving = None
             worst = self._gated(step, gates.leave, status)
             if worst == _fsdp.RUNNING:
                 return total, mb, predicted
@@ -275,6 +282,10 @@ class JobRank:
             if worst == _fsdp.FAILED:
                 # The failing rank says who and why at the agreement, where this rank ends.
                 return total, mb, predicted
+            if worst == _fsdp.ABANDON:
+                # A stop signal on some rank, mid-step: every rank gives the step up at the
+                # agreement (run.backward), its gradients already dropped here.
+                raise _dist.Abandon(start, n)
             if failed is None:
                 self._native.notice_text(
                     f"step {step}: another rank of the job ran out of memory; every rank redoes "
