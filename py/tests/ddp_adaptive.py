@@ -41,6 +41,9 @@ def main() -> int:
     ap.add_argument("--out", required=True, help="a directory for params and logs")
     ap.add_argument("--listen", default=None, help="rank 0 also serves on TCP here")
     ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds to idle per step")
+    ap.add_argument(
+        "--micro-sleep", type=float, default=0.0, help="seconds to idle per micro-batch"
+    )
     ap.add_argument("--raise-at", default="", help="RANK@STEP: loss_fn raises ValueError there")
     ap.add_argument(
         "--raise-in-backward",
@@ -79,6 +82,7 @@ def main() -> int:
     def loss_fn(mb):
         x, y = mb
         state["calls"] += 1
+        time.sleep(args.micro_sleep)  # a long step, whatever the machine's speed
         step = state["step"]
         last = state["done"] + x.shape[0] >= args.per_rank
         if rank == raise_rank and step == raise_step:

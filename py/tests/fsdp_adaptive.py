@@ -40,6 +40,9 @@ def main() -> int:
     ap.add_argument("--out", required=True, help="a directory for params and logs")
     ap.add_argument("--listen", default=None, help="rank 0 also serves on TCP here")
     ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds to idle per step")
+    ap.add_argument(
+        "--micro-sleep", type=float, default=0.0, help="seconds to idle per micro-batch"
+    )
     ap.add_argument("--budget-rank", type=int, default=-1, help="the rank given a hard cap")
     ap.add_argument(
         "--budget-extra-mib", type=int, default=0, help="its cap: what it holds plus this"
@@ -83,6 +86,7 @@ def main() -> int:
     def loss_fn(mb):
         x, y = mb
         last = state["done"] + x.shape[0] >= args.per_rank
+        time.sleep(args.micro_sleep)  # a long step, whatever the machine's speed
         # The first backward (before any unit's), or the last (the embeddings' gradient,
         # after every block's reduce-scatter in the micro-batch that syncs).
         first = armed("backward-first") and state["done"] == 0

@@ -432,41 +432,22 @@ def test_sigterm_in_a_long_step_gives_it_up_on_every_rank_and_saves_the_last_com
 
 
 def sigterm_in_a_long_step(tmp_path: Path, script: str) -> None:
-    """SIGTERM to a job of `script` in its second step, of about 20 s: every rank gives
-    the step up, saves step 1 and ends as stopped, well before the step would have ended
-    (the checkpoint's files are the caller's to check)."""
-    # Steps of about 20 s on this machine (giving one up takes 2-4 s): micro-batches a
-    # second measured first, on a job of the same shape (its second step, past the first's
-    # warm-up).
-    calibration = tmp_path / "calibration"
-    calibration.mkdir()
-    finish(
-        torchrun(
-            2,
-            script,
-            "--steps",
-            "2",
-            "--per-rank",
-            "200",
-            "--micro",
-            "1",
-            "--fixed",
-            "--out",
-            str(calibration),
-        )
-    )
-    rate = 200 / kinds(calibration / "rank0.jsonl", "step")[1]["step_time_s"]
-    per_rank = max(200, round(rate * 20))
-    print(f"{rate:.0f} micro-batches/s: {per_rank} per rank a step")
+    """SIGTERM to a job of `script` in its second step, of 12 s and more: every rank
+    gives the step up, saves step 1 and ends as stopped, well before the step would have
+    ended (the checkpoint's files are the caller's to check)."""
+    # 200 micro-batches of one sample, each idling 60 ms besides its work: a step of 12 s
+    # on any machine (giving one up takes a micro-batch, the save and the exits: 2-4 s).
     job = torchrun(
         2,
         script,
         "--steps",
         "100000",
         "--per-rank",
-        str(per_rank),
+        "200",
         "--micro",
         "1",
+        "--micro-sleep",
+        "0.06",
         "--fixed",
         "--checkpoint",
         "--out",
