@@ -17,6 +17,12 @@
 //! lengths fixed, ramped and random; starts at 1, feasible/8, feasible and 4× feasible;
 //! feasible sizes from 1 to 1500 (tight to roomy budgets); hard and soft budgets.
 //!
+//! `HEADROOM_SIM_SILENT_DROP` makes the limit drops silent (the controller is not told the
+//! new limit: the trainer tells it, so no recorded run is silent) and, set to a number of
+//! steps, passing (a spike): the other side of what an OOM at a settled size can mean
+//! (docs/CONTROLLER.md, "The margin"). `HEADROOM_SIM_RUNS=1` prints one line per new run
+//! (its OOMs, steps at or over critical, final and feasible size, whether it met all five).
+//!
 //! `HEADROOM_SIM_CURVES` sets how many curves per family (default 40); from 40 up the new
 //! controller must meet every property on a per-family share of curves (`Family::floor`),
 //! and never decide below half (but after an OOM) nor set a ceiling under one sequence.
@@ -162,6 +168,9 @@ struct Curve {
     outside: Option<(u64, f64)>,
     /// (from step, fraction the available memory drops by).
     limit_drop: Option<(u64, f64)>,
+    /// The drop is not told to the controller, and lasts this many steps (`u64::MAX`: for
+    /// good): `HEADROOM_SIM_SILENT_DROP`.
+    silent_drop: Option<u64>,
     hard: bool,
     lens: Lens,
     lmax: usize,
@@ -217,6 +226,9 @@ impl Curve {
             .then(|| (event_at, r.range(0.03, 0.3 * fixed.max(0.2))));
         let limit_drop = (family == Family::FixedLimitDrop)
             .then(|| (event_at, r.range(0.03, 0.3 * fixed.max(0.2))));
+        let silent_drop = std::env::var("HEADROOM_SIM_SILENT_DROP")
+            .ok()
+            .map(|v| v.parse().unwrap_or(u64::MAX));
         let hard = match family {
             Family::FixedHeap | Family::RandomHeap => false,
             Family::FixedCache | Family::FixedExact => true,
@@ -246,6 +258,7 @@ impl Curve {
             retain,
             outside,
             limit_drop,
+            silent_drop,
             hard,
             lens,
             lmax,
@@ -291,9 +304,18 @@ impl Curve {
     }
 
     fn limit_at(&self, step: u64) -> f64 {
+        let lasts = self.silent_drop.unwrap_or(u64::MAX);
         match self.limit_drop {
-            Some((from, x)) if step >= from => 1.0 - x,
+            Some((from, x)) if step >= from && step - from < lasts => 1.0 - x,
             _ => 1.0,
+        }
+    }
+
+    /// The limit the controller is told at `step`.
+    fn told_limit_at(&self, step: u64) -> f64 {
+        match self.silent_drop {
+            Some(_) => 1.0,
+            None => self.limit_at(step),
         }
     }
 
@@ -392,6 +414,11 @@ struct Outcome {
     steady: bool,
     ceiling_ok: bool,
     gave_up: bool,
+    /// OOMs, retries included.
+    ooms: u32,
+    /// The micro-batch at the end, and the feasible size then.
+    final_mb: usize,
+    feasible: usize,
     /// Steps at or above critical that a smaller micro-batch would have avoided.
     criticals: u32,
     why: Vec<String>,
@@ -473,7 +500,7 @@ fn run<P: Policy>(c: &Curve) -> Outcome {
             }
         }
         let limit = c.limit_at(step);
-        p.set_limit((limit * LIMIT as f64) as u64);
+        p.set_limit((c.told_limit_at(step) * LIMIT as f64) as u64);
         if Some(step) == event {
             mb_at_event = Some(p.micro_batch());
         }
@@ -500,6 +527,7 @@ fn run<P: Policy>(c: &Curve) -> Outcome {
                 criticals += 1;
             }
             if c.hard && total > limit {
+                o.ooms += 1;
                 let out = p.on_oom(mb, seq);
                 record(&out.decisions, step, &mut cache, &mut resizes);
                 match out.retry_with {
@@ -549,6 +577,7 @@ fn run<P: Policy>(c: &Curve) -> Outcome {
         }
     }
     let final_mb = p.micro_batch();
+    (o.final_mb, o.feasible) = (final_mb, c.feasible_at(STEPS));
     o.trace = p.trace();
     o.ceiling_ok = ceiling_ok;
     if !ceiling_ok {
@@ -722,6 +751,17 @@ fn simulated_curves_old_against_new() {
             old.add(&o);
             old_total.add(&o);
             let n = run::<Traced>(&c);
+            if std::env::var("HEADROOM_SIM_RUNS").is_ok() {
+                println!(
+                    "RUN {} #{i} ooms {} critical {} final {} feasible {} all {}",
+                    fam.name(),
+                    n.ooms,
+                    n.criticals,
+                    n.final_mb,
+                    n.feasible,
+                    n.all()
+                );
+            }
             new.add(&n);
             new_total.add(&n);
             if !n.all() {

@@ -23,7 +23,7 @@ pub use super::messages::{Decision, OomOutcome, ResizeReason, StepObservation, U
 use super::moves::{Judge, Move};
 use super::reflexes;
 pub use super::state::{ControllerConfig, ALLOCATOR_NOISE, RSS_NOISE};
-use super::state::{Probe, State};
+use super::state::{OutsideMove, Probe, State};
 use super::thresholds::{ThresholdError, Thresholds};
 
 #[derive(Debug, Clone)]
@@ -243,6 +243,12 @@ impl Controller {
         s.oom.read();
         let current = obs.micro_batch == s.size.micro_batch;
         let risk_probed = s.plan.probe.read(current);
+        // Before the reading joins the fit: a move of the fixed part it does not see keeps
+        // it out (the fit is the moved one), and an undone move moves every reading.
+        let moves = reflexes::outside_judged(&self.state, obs, usage);
+        self.apply_all(moves, out);
+        let s = &mut self.state;
+        let outside_unjudged = matches!(s.oom.outside, OutsideMove::Pending { .. });
         if usage < s.thresholds.target {
             s.evidence.shrink.under_target();
         }
@@ -261,18 +267,27 @@ impl Controller {
             None
         };
         // While usage does not follow the batch, a reading says nothing about its cost.
-        let trusted = !first && !s.evidence.shrink.is_unresponsive();
+        let trusted = !first && !s.evidence.shrink.is_unresponsive() && !outside_unjudged;
         s.estimate.take(obs, trusted);
         if current && !first {
             s.size.steps_at_size = s.size.steps_at_size.saturating_add(1);
         }
+        s.oom.ran(
+            s.size.micro_batch,
+            s.size.steps_at_size,
+            reflexes::SETTLED_STEPS,
+        );
         let (cap, plan) = (s.cap(), s.horizon.plan_seq(obs.seq_len));
         let max_tokens = move || (cap * plan) as u64;
-        out.extend(
-            s.evidence
-                .ceiling
-                .clean_step(s.cfg.forget_every, max_tokens),
-        );
+        let raised = s
+            .evidence
+            .ceiling
+            .clean_step(s.cfg.forget_every, max_tokens);
+        // A limit the errors taught is as old as their ceiling: forgotten with it.
+        if raised.is_some() && s.estimate.limit_has_fallen() && s.estimate.forget_fallen_limit() {
+            s.plan.warned = false;
+        }
+        out.extend(raised);
         let seq = s.horizon.plan_seq(obs.seq_len);
         if s.estimate.longest_measured() >= seq {
             // The length the size was shrunk for has run: readings check it now.
@@ -439,7 +454,28 @@ impl Controller {
                 micro_batch,
                 seq_len,
             } => s.oom.retrying = Some((micro_batch, seq_len)),
-            Move::OutsideGrew { bytes } => s.estimate.shift(bytes),
+            Move::OutsideGrew { bytes } => {
+                s.estimate.shift(bytes);
+                s.oom.outside = OutsideMove::Pending { bytes, unseen: 0 };
+            }
+            Move::OutsideSeen => s.oom.outside = OutsideMove::Clear,
+            Move::OutsideUnseen => {
+                if let OutsideMove::Pending { unseen, .. } = &mut s.oom.outside {
+                    *unseen += 1;
+                }
+            }
+            Move::OutsideBack { bytes } => {
+                s.estimate.shift(-bytes);
+                s.oom.outside = OutsideMove::Undone {
+                    at: s.size.micro_batch,
+                };
+            }
+            Move::LimitFell { bytes } => {
+                s.oom.outside = OutsideMove::LimitFell;
+                if s.estimate.limit_fell(bytes) {
+                    s.plan.warned = false;
+                }
+            }
             Move::OomAt { micro_batch } => {
                 s.oom.retrying = None;
                 s.evidence.shrink.under_target();

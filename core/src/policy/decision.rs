@@ -26,7 +26,7 @@ use super::evidence::{over_target_bound, Reading, OVER_TARGET_STEPS};
 use super::horizon::Outlook;
 use super::messages::{ResizeReason, StepObservation};
 use super::moves::{Judge, Move, Proposal};
-use super::state::{HoldReason, Probe, State};
+use super::state::{HoldReason, OutsideMove, Probe, State};
 
 /// The least gain worth a growth once the fit rests on three sizes or more.
 const SETTLED_GAIN: f64 = 0.1;
@@ -300,6 +300,12 @@ pub(super) fn warn_once(s: &State, step: u64, usage: f64) -> Option<Move> {
 
 /// Growth from a step under target, planned for sequences of `seq`.
 pub(super) fn grow(s: &State, obs: StepObservation, usage: f64, seq: usize) -> Vec<Move> {
+    // The fixed part stands moved for an error that readings have not yet judged
+    // (`reflexes::outside_judged`): they are kept out of the fit meanwhile, and growth on
+    // the fit they would have corrected walks into the error again.
+    if matches!(s.oom.outside, OutsideMove::Pending { .. }) {
+        return Vec::new();
+    }
     let Some(g) = growth(s, obs, seq) else {
         return Vec::new();
     };

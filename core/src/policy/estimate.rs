@@ -51,8 +51,13 @@ pub struct Estimate {
     /// The readings count a fragmented heap
     /// ([`ControllerConfig::heap_fragments`](super::ControllerConfig::heap_fragments)).
     heap_fragments: bool,
-    /// What usages are shares of.
+    /// What usages are shares of: the limit told, or the one the errors taught when lower.
     limit_bytes: u64,
+    /// The limit the trainer told.
+    told_bytes: u64,
+    /// A limit taught by errors the trainer's limit did not explain (it fell silently):
+    /// what a size that failed would have peaked at.
+    fell_to: Option<u64>,
 }
 
 impl Estimate {
@@ -66,6 +71,8 @@ impl Estimate {
             noise: noise.clamp(0.0, 0.2),
             heap_fragments,
             limit_bytes: limit_bytes.max(1),
+            told_bytes: limit_bytes.max(1),
+            fell_to: None,
         }
     }
 
@@ -83,7 +90,28 @@ impl Estimate {
     }
     /// True when the limit changed.
     pub fn set_limit(&mut self, bytes: u64) -> bool {
-        let bytes = bytes.max(1);
+        self.told_bytes = bytes.max(1);
+        self.limit_in_force()
+    }
+    /// The limit fell to `bytes` or below without the trainer's limit saying so: usages are
+    /// shares of it from now on (true when that changed the limit in force).
+    pub fn limit_fell(&mut self, bytes: u64) -> bool {
+        self.fell_to = Some(self.fell_to.map_or(bytes, |f| f.min(bytes)).max(1));
+        self.limit_in_force()
+    }
+    /// The limit errors taught is forgotten (their ceiling was raised).
+    pub fn forget_fallen_limit(&mut self) -> bool {
+        self.fell_to = None;
+        self.limit_in_force()
+    }
+    /// Whether errors taught a limit lower than the trainer's.
+    pub fn limit_has_fallen(&self) -> bool {
+        self.fell_to.is_some_and(|f| f < self.told_bytes)
+    }
+    fn limit_in_force(&mut self) -> bool {
+        let bytes = self
+            .fell_to
+            .map_or(self.told_bytes, |f| f.min(self.told_bytes));
         let changed = bytes != self.limit_bytes;
         self.limit_bytes = bytes;
         changed
@@ -349,7 +377,7 @@ impl Estimate {
     /// with it, and the model's record of errors no longer applies.
     pub fn shift(&mut self, delta: f64) {
         self.model.shift(delta);
-        self.baseline = self.baseline.map(|b| b + delta as u64);
+        self.baseline = self.baseline.map(|b| (b as f64 + delta).max(0.0) as u64);
         self.errors.clear();
     }
 
@@ -525,6 +553,27 @@ mod tests {
         // The bound from above: never under the truth at a larger size.
         assert!(e.predicted_bytes(400, 64).unwrap() >= truth(400, 64));
         assert!(e.fit_under(0.9, 64, true).unwrap() > 101);
+    }
+
+    #[test]
+    fn a_limit_taught_by_errors_is_in_force_under_the_one_told_until_forgotten() {
+        let mut e = Estimate::new(0.02, false, LIMIT);
+        assert!(!e.set_limit(LIMIT));
+        assert!(e.limit_fell(LIMIT / 4 * 3));
+        assert!(e.limit_has_fallen());
+        assert_eq!(e.limit_bytes(), LIMIT / 4 * 3);
+        // Told again, the lower of the two stays in force; a lower told limit wins.
+        assert!(!e.set_limit(LIMIT));
+        assert!(e.set_limit(LIMIT / 2));
+        assert_eq!(e.limit_bytes(), LIMIT / 2);
+        assert!(!e.limit_has_fallen());
+        assert!(e.set_limit(LIMIT));
+        assert!(
+            !e.limit_fell(LIMIT / 10 * 9),
+            "never raised by a later error"
+        );
+        assert!(e.forget_fallen_limit());
+        assert_eq!(e.limit_bytes(), LIMIT);
     }
 
     #[test]

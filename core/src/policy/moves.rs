@@ -72,8 +72,21 @@ pub(super) enum Move {
     OomSeen,
     /// Retry the size that ran out of memory once: it had run cleanly many times.
     RetrySame { micro_batch: usize, seq_len: usize },
-    /// The retried size failed again: the memory outside the batch grew by `bytes`.
+    /// The retried size failed again: the memory outside the batch grew by `bytes` (or the
+    /// limit fell by it, or neither). The readings to come judge it ([`OutsideMove`]).
+    ///
+    /// [`OutsideMove`]: super::state::OutsideMove
     OutsideGrew { bytes: f64 },
+    /// A reading saw the memory the fixed part was moved up for: the move stands.
+    OutsideSeen,
+    /// A reading did not see it (it read the fit as it was before the move): one more in
+    /// a row, kept out of the fit.
+    OutsideUnseen,
+    /// Readings in a row did not see it: the fixed part moves back by `bytes`.
+    OutsideBack { bytes: f64 },
+    /// An OOM after a move was undone, before a size settled (or any OOM once that
+    /// happened): the limit fell, silently, to `bytes` or below.
+    LimitFell { bytes: u64 },
     /// The OOM is taken as the batch's: `micro_batch` is the size in force until the
     /// retry size is chosen, and memory held apart from the batch has let go.
     OomAt { micro_batch: usize },

@@ -10,6 +10,10 @@
 //! - an OOM: free the cache, learn a ceiling, retry at the fit (at most half; an eighth
 //!   when nothing has run) — or, at a size that has run cleanly many times, retry the
 //!   same size once: that OOM was not the batch's doing;
+//! - a reading while the fixed part stands moved up for a retried size that failed again:
+//!   whether it sees that memory; ten in a row that do not undo the move, and an error
+//!   before a size grown back to settles then says the limit fell without being told
+//!   ([`outside_judged`], [`on_oom`]);
 //! - a shrink that did not lower usage: the memory is held apart from the batch
 //!   ([`ShrinkCheck::Unresponsive`]); while it is, only the cache is freed: shrinking
 //!   would give up throughput for nothing.
@@ -18,10 +22,16 @@
 use super::evidence::{held_apart, over_target_bound, shrunk_batch_share, PendingShrink, Reading};
 use super::messages::{ResizeReason, StepObservation};
 use super::moves::{Judge, Move, Proposal};
-use super::state::State;
+use super::state::{OutsideMove, State};
 
 /// Clean steps at a size after which an OOM there is not taken as the batch's.
-const SETTLED_STEPS: u32 = 5;
+pub(super) const SETTLED_STEPS: u32 = 5;
+/// Readings in a row that must not see the memory a move of the fixed part assumed before
+/// the move is undone ([`outside_judged`]). A limit that fell silently for a few steps
+/// has come back by then: with the simulator's limit drops made silent for 10 steps (400
+/// runs), undoing after 5 readings grew back while the limit was still down (13 more
+/// errors than keeping the move, 23 runs worse), after 10 it did not (3 fewer, none worse).
+const UNSEEN_READINGS: u32 = 10;
 
 /// The reflexes after a reading; the proposal settles the step when one acted.
 pub(super) fn after_reading(s: &State, r: &Reading) -> Proposal {
@@ -201,22 +211,50 @@ pub(super) fn on_oom(s: &State, micro_batch: usize, seq_len: usize) -> Vec<Move>
     // A size that has run cleanly many times at this length or longer did not outgrow the
     // memory: something else took it (a spike, another process). Retry it once; a second
     // OOM there is taken as real.
-    let settled = micro_batch == s.size.micro_batch
+    let settled_size = micro_batch == s.size.micro_batch
         && s.size.steps_at_size >= SETTLED_STEPS
         && !s.evidence.shrink.is_unresponsive()
-        && seq_len <= s.estimate.longest_measured()
-        && !retried;
-    if settled {
+        && seq_len <= s.estimate.longest_measured();
+    if settled_size && !retried {
         moves.push(Move::RetrySame {
             micro_batch,
             seq_len,
         });
         return moves;
     }
-    if retried {
+    // A move of the fixed part was undone because the readings did not see the memory,
+    // and a size grown back since fails before it settles: not a spike, the limit fell
+    // silently (no reading can show that). It is planned under from now on as a limit,
+    // not as memory outside the batch: what the failed size would have peaked at. Once
+    // the limit has fallen so, every error at a size the estimate puts under it teaches
+    // it again.
+    let limit_falls = s.oom.outside == OutsideMove::LimitFell;
+    if (s.oom.undone() && !retried) || limit_falls {
+        if let Some(p) = s.estimate.predicted_bytes(micro_batch, seq_len) {
+            let limit = s.estimate.limit_bytes();
+            if p < limit {
+                moves.extend([
+                    Move::LimitFell { bytes: p },
+                    Move::Warn {
+                        usage: 1.0,
+                        forecast: false,
+                        text: format!(
+                            "micro-batch {micro_batch} ran out of memory where it would have \
+                             peaked at {:.0}% of the limit: the limit fell although it was not \
+                             said to; planning under {} MiB from now on",
+                            p as f64 * 100.0 / limit as f64,
+                            p >> 20
+                        ),
+                        once: false,
+                    },
+                ]);
+            }
+        }
+    } else if retried {
         // The retried size failed again: the memory outside the batch grew by at least
-        // what the model left between this size and the limit. Move the fixed part by
-        // that so the size retried with is planned from the memory left.
+        // what the model left between this size and the limit (or the limit fell by it).
+        // Move the fixed part by that so the size retried with is planned from the memory
+        // left.
         if let Some(p) = s.estimate.predicted_bytes(micro_batch, seq_len) {
             let gap = s.estimate.limit_bytes() as f64 - p as f64;
             if gap > 0.0 {
@@ -234,6 +272,57 @@ pub(super) fn on_oom(s: &State, micro_batch: usize, seq_len: usize) -> Vec<Move>
         Move::OomAt { micro_batch },
     ]);
     moves
+}
+
+/// A reading while the fixed part stands moved up by `bytes` for a retried size that
+/// failed again ([`on_oom`], [`OutsideMove::Pending`]): whether it sees that memory. A
+/// reading under target that sits nearer the fit before the move than after it, by more
+/// than readings scatter, does not; [`UNSEEN_READINGS`] such readings in a row undo the
+/// move. Kept, it would hold the run at a fraction of what fits until `forget_every`
+/// raised the ceiling: over a large fixed part the move (the limit less the fit's
+/// prediction at the failed size) leaves no room under target for even one sample, and a
+/// CPU run under a hard cap, met by the address space its heap keeps and not by resident
+/// memory, held micro-batch 1 at 82% for 71 steps after two errors at 9
+/// (docs/CONTROLLER.md, "The margin"). The ceiling the errors taught stays, and an error
+/// before a size grown back to settles says the limit fell ([`on_oom`]). Any other
+/// reading sees the memory (another process's, counted in the reading): the move stands.
+pub(super) fn outside_judged(s: &State, obs: StepObservation, usage: f64) -> Vec<Move> {
+    let OutsideMove::Pending { bytes, unseen } = s.oom.outside else {
+        return Vec::new();
+    };
+    let Some(moved) = s.estimate.predicted_bytes(obs.micro_batch, obs.seq_len) else {
+        return vec![Move::OutsideSeen];
+    };
+    let peak = obs.peak_bytes as f64;
+    let below = moved as f64 - peak;
+    let scatter = 2.0 * s.estimate.noise() * peak;
+    if usage >= s.thresholds.target || below < bytes / 2.0 || below <= scatter {
+        return vec![Move::OutsideSeen];
+    }
+    if unseen + 1 < UNSEEN_READINGS {
+        return vec![Move::OutsideUnseen];
+    }
+    let limit = s.estimate.limit_bytes() as f64;
+    vec![
+        Move::OutsideBack { bytes },
+        Move::Warn {
+            usage,
+            forecast: false,
+            text: format!(
+                "step {}: {:.0}% at micro-batch {}, {} readings in a row, where the memory the \
+                 last out-of-memory errors suggested had grown outside the batch would read \
+                 {:.0}%: it did not grow (a passing spike, or a hard cap met by address space \
+                 the heap keeps); sizing from the fit again, under the ceiling the errors \
+                 left (another error before a size settles is taken as the limit having fallen)",
+                obs.step,
+                usage * 100.0,
+                obs.micro_batch,
+                UNSEEN_READINGS,
+                moved as f64 * 100.0 / limit,
+            ),
+            once: false,
+        },
+    ]
 }
 
 /// The size to retry an OOM at `micro_batch` × `seq_len` with, above the smallest size.
@@ -356,6 +445,87 @@ mod tests {
         assert!(!on_oom(&s, 10, 64)
             .iter()
             .any(|m| matches!(m, Move::RetrySame { .. })));
+    }
+
+    /// A state settled at 10 sequences of 64 (50% fixed, 3% a sequence), its fixed part
+    /// moved up by 10% of the limit for a retried size that failed again.
+    fn moved() -> State {
+        let mut s = state(10);
+        for (step, mb) in [(2, 4), (3, 10), (4, 10), (5, 10)] {
+            let usage = 0.5 + 0.03 * mb as f64;
+            s.estimate.take(reading(mb, usage).obs, true);
+            s.estimate.take(
+                StepObservation {
+                    step,
+                    ..reading(mb, usage).obs
+                },
+                true,
+            );
+        }
+        let bytes = 0.1 * s.estimate.limit_bytes() as f64;
+        s.estimate.shift(bytes);
+        s.oom.outside = OutsideMove::Pending { bytes, unseen: 0 };
+        s
+    }
+
+    #[test]
+    fn a_reading_that_sees_the_moved_memory_keeps_the_move_and_ten_that_do_not_undo_it() {
+        let s = moved();
+        // 2 sequences: 56% before the move, 66% after it.
+        assert_eq!(
+            outside_judged(&s, reading(2, 0.66).obs, 0.66),
+            [Move::OutsideSeen]
+        );
+        assert_eq!(
+            outside_judged(&s, reading(2, 0.56).obs, 0.56),
+            [Move::OutsideUnseen]
+        );
+        let mut s = s;
+        s.oom.outside = OutsideMove::Pending {
+            bytes: 0.1 * s.estimate.limit_bytes() as f64,
+            unseen: UNSEEN_READINGS - 1,
+        };
+        let moves = outside_judged(&s, reading(2, 0.56).obs, 0.56);
+        assert!(
+            matches!(moves[..], [Move::OutsideBack { .. }, Move::Warn { .. }]),
+            "{moves:?}"
+        );
+        // Over target, it is not judged to be under the move.
+        assert_eq!(
+            outside_judged(&s, reading(2, 0.91).obs, 0.91),
+            [Move::OutsideSeen]
+        );
+    }
+
+    #[test]
+    fn an_oom_after_an_undone_move_before_a_size_settles_teaches_the_limit() {
+        let mut s = moved();
+        s.estimate.shift(-0.1 * s.estimate.limit_bytes() as f64);
+        s.oom.outside = OutsideMove::Undone { at: 2 };
+        s.size.micro_batch = 9;
+        s.size.steps_at_size = 1;
+        let moves = on_oom(&s, 9, 64);
+        let at_9 = s.estimate.predicted_bytes(9, 64).unwrap();
+        assert!(
+            matches!(
+                moves[..],
+                [
+                    Move::EmptyCache { .. },
+                    Move::OomSeen,
+                    Move::LimitFell { bytes },
+                    Move::Warn { .. },
+                    Move::LearnCeiling { .. },
+                    Move::OomAt { micro_batch: 9 }
+                ] if bytes == at_9
+            ),
+            "{moves:?}"
+        );
+        // Settled there, it is retried as it is first.
+        s.size.steps_at_size = SETTLED_STEPS;
+        assert!(matches!(
+            on_oom(&s, 9, 64).last(),
+            Some(Move::RetrySame { .. })
+        ));
     }
 
     #[test]

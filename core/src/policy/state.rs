@@ -175,6 +175,38 @@ pub struct OomReflex {
     ooms_at_min: u32,
     /// The OOM being retried at the same size (micro-batch, sequence length).
     pub retrying: Option<(usize, usize)>,
+    /// The fixed part moved up after a retried size failed again, and what the readings
+    /// since have said of it.
+    pub outside: OutsideMove,
+}
+
+/// The fixed part moved up by `bytes` after a retried size failed again
+/// ([`Move::OutsideGrew`](super::moves::Move::OutsideGrew)): the least memory that can
+/// have grown outside the batch, or the least the limit can have fallen by unsaid, or
+/// neither (a passing spike, a hard cap met by address space the heap keeps rather than by
+/// resident memory). Readings tell the first from the other two; only an error at a size
+/// grown back to tells the second from the third.
+///
+/// ```text
+///           OutsideGrew              a reading sees it
+/// Clear ───────────────► Pending ───────────────────────► Clear (the move stands)
+///   ▲                       │ 10 readings in a row do not (under target): undone
+///   │ a size grown back     ▼
+///   └── settles ──────── Undone ──── an OOM before a size settles ───► LimitFell
+///                                          (the limit in force falls to what the failed
+///                                           size would have peaked at; so at every OOM)
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub enum OutsideMove {
+    #[default]
+    Clear,
+    /// Moved by `bytes`; `unseen` readings in a row since read the fit as it was before.
+    Pending { bytes: f64, unseen: u32 },
+    /// Undone at micro-batch `at`: the readings did not see the memory.
+    Undone { at: usize },
+    /// An undone move was followed by an OOM before a size settled: the limit falls
+    /// without the trainer's limit saying so, and errors teach it from now on.
+    LimitFell,
 }
 
 impl OomReflex {
@@ -182,6 +214,21 @@ impl OomReflex {
     pub fn read(&mut self) {
         self.retrying = None;
         self.ooms_at_min = 0;
+    }
+
+    /// The size in force is `micro_batch`, `steps` clean steps at it: a size grown back to
+    /// after an undone move that settles shows the limit did not fall under it.
+    pub fn ran(&mut self, micro_batch: usize, steps: u32, settled: u32) {
+        if let OutsideMove::Undone { at } = self.outside {
+            if micro_batch > at && steps >= settled {
+                self.outside = OutsideMove::Clear;
+            }
+        }
+    }
+
+    /// Whether an undone move is still to be proved: an OOM now says the limit fell.
+    pub fn undone(&self) -> bool {
+        matches!(self.outside, OutsideMove::Undone { .. })
     }
 
     /// Another OOM at the smallest size: whether to retry it (`max` in a row give up).
@@ -333,5 +380,19 @@ mod tests {
         o.retrying = Some((8, 64));
         o.read();
         assert_eq!(o.retrying, None);
+    }
+
+    #[test]
+    fn an_undone_move_is_proved_by_a_size_grown_back_to_settling() {
+        let mut o = OomReflex {
+            outside: OutsideMove::Undone { at: 2 },
+            ..Default::default()
+        };
+        // At the size it was undone at, or not yet settled above it: still to be proved.
+        o.ran(2, 50, 5);
+        o.ran(8, 4, 5);
+        assert!(o.undone());
+        o.ran(8, 5, 5);
+        assert_eq!(o.outside, OutsideMove::Clear);
     }
 }
