@@ -182,7 +182,11 @@ class JobRank:
         Returns whether every rank redoes the step's samples."""
         job = self._job
         v = job.end_overlap(step, oom, failed)
-        if v.failed and not failed:
+        if failed:
+            # This rank's own error is raised by its caller, and its agreement tells the
+            # others (who are at theirs below), whatever else the verdict says.
+            return False
+        if v.failed:
             self._clear_grads()
             self._job_agreed(step, job.agree(step, _dist.OK))
             raise _dist.RankFailed(
