@@ -51,6 +51,7 @@ def main() -> int:
         "--checkpoint", action="store_true", help="on_checkpoint saves the sharded state (DCP)"
     )
     ap.add_argument("--fixed", action="store_true", help="adaptive=False: the size is held")
+    ap.add_argument("--sharded-accumulation", default="auto", help="the Run's argument")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -134,6 +135,7 @@ def main() -> int:
         log=out / f"rank{rank}.jsonl",
         listen=args.listen if rank == 0 else None,
         adaptive=not args.fixed,
+        sharded_accumulation=args.sharded_accumulation,
     ) as run:
         say(f"rank {rank} pid {os.getpid()} serving {run.name}")
         if run.tcp:
@@ -165,6 +167,7 @@ def main() -> int:
                 "steps": steps_done,
                 "fired": state["fired"],
                 "gates": gated,
+                "reduce_scatters": gates.reduce_scatters,
                 "gates_after_run": gates.passed - gated,
                 "groups_before": groups_before,
                 "groups_after": len(dist.distributed_c10d._world.pg_map),

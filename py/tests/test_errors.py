@@ -103,6 +103,8 @@ def test_bad_settings_are_refused_with_the_fix():
         headroom.Run("t", listen="not-a-port")
     with pytest.raises(ValueError, match="effective_batch=0"):
         headroom.Run("t", model=TinyCNN(), effective_batch=0)
+    with pytest.raises(ValueError, match="sharded_accumulation='each': give \"hold\""):
+        headroom.Run("t", sharded_accumulation="each")
     # None of the refusals left a run active.
     headroom.Run("after").finish()
 

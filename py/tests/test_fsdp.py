@@ -21,13 +21,32 @@ from conftest import TinyGPT, assert_params_close, finish, kinds, torchrun, wait
 pytest.importorskip("torch.distributed.fsdp")
 
 
-@pytest.mark.parametrize(("world", "rank"), [(2, 1), (4, 2)], ids=["2-ranks", "4-ranks"])
-def test_ooms_on_one_rank_at_every_point_are_recovered_by_every_rank(tmp_path, world, rank):
+def test_auto_holds_the_unsharded_gradients_while_they_take_a_tenth_of_the_limit():
+    from headroom._fsdp import holds_unsharded
+
+    assert holds_unsharded("auto", 100 << 20, 1000 << 20)
+    assert not holds_unsharded("auto", (100 << 20) + 1, 1000 << 20)
+    assert holds_unsharded("hold", 1 << 40, 1 << 30)
+    assert not holds_unsharded("reduce", 1, 1 << 30)
+
+
+@pytest.mark.parametrize(
+    ("world", "rank", "accumulation"),
+    [(2, 1, "reduce"), (4, 2, "auto")],
+    ids=["2-ranks-reduce-each", "4-ranks-hold"],
+)
+def test_ooms_on_one_rank_at_every_point_are_recovered_by_every_rank(
+    tmp_path, world, rank, accumulation
+):
+    """With the unsharded gradients held until the last micro-batch (what "auto" chooses
+    for this small model) and with a reduce-scatter after every micro-batch."""
     steps, per_rank = 5, 12
     inject = f"{rank}:optimizer-state@1,forward-middle@2,backward-first@3,backward-last@4"
     job = torchrun(
         world,
         "fsdp_adaptive.py",
+        "--sharded-accumulation",
+        accumulation,
         "--steps",
         str(steps),
         "--per-rank",
@@ -48,6 +67,11 @@ def test_ooms_on_one_rank_at_every_point_are_recovered_by_every_rank(tmp_path, w
         assert kinds(log, "finished"), f"rank {r} did not finish"
         texts = [n["text"] for n in kinds(log, "notice")]
         assert any("FSDP2 with 3 units" in t for t in texts), texts
+        said = {
+            "reduce": "reduce-scatters its gradients after every micro-batch",
+            "auto": "holds its units' unsharded gradients",
+        }[accumulation]
+        assert any(said in t for t in texts), texts
         if r == rank:
             assert done["fired"] == [1, 2, 3, 4], done
             # The optimizer's is undone and retried in place; the other three redo the step.
@@ -59,6 +83,12 @@ def test_ooms_on_one_rank_at_every_point_are_recovered_by_every_rank(tmp_path, w
             assert sum("another rank of the job ran out of memory" in t for t in texts) == 3
         # Every rank ran the same micro-batch count each step: the step records agree.
         assert done["gates"] > 0
+        # 3 units, 3 micro-batches a step: a reduce-scatter per unit and micro-batch, or
+        # per unit and step (a redone step's attempt adds its own).
+        if accumulation == "reduce":
+            assert done["reduce_scatters"] >= 3 * 3 * steps, done
+        else:
+            assert done["reduce_scatters"] <= 3 * (steps + 3), done
         # The run took its gloo groups with it, and a forward after it passed no gate.
         assert done["groups_after"] == done["groups_before"], done
         assert done["gates_after_run"] == 0, done

@@ -253,6 +253,7 @@ def run_arguments(given: dict[str, Any]) -> SimpleNamespace:
         "on_checkpoint", a.on_checkpoint, "a function fn(step) that saves and returns the path"
     )
     a.sample_hz = number("sample_hz", a.sample_hz, positive=True)
+    a.sharded_accumulation = sharded_accumulation(a.sharded_accumulation)
     for what in ("on_usr1", "on_usr2"):
         user_signal_action(what, getattr(a, what), a.on_checkpoint)
     a.precision = precision(a.precision)
@@ -275,6 +276,18 @@ def run_arguments(given: dict[str, Any]) -> SimpleNamespace:
             "(the modules to wrap, or a function that switches the model's own)"
         )
     return a
+
+
+def sharded_accumulation(v: Any) -> str:
+    """How an FSDP2 run accumulates between micro-batches (see _fsdp.HOLD_SHARE)."""
+    if not isinstance(v, str) or v.strip().lower() not in ("auto", "hold", "reduce"):
+        raise ValueError(
+            f'sharded_accumulation={v!r}: give "hold" (each rank keeps its units\' unsharded '
+            'gradients until the last micro-batch: one reduce-scatter per step), "reduce" (a '
+            'reduce-scatter after every micro-batch: sharded gradients only) or "auto" (hold '
+            "while they take at most a tenth of the memory limit)"
+        )
+    return v.strip().lower()
 
 
 def precision(v: Any) -> str | None:

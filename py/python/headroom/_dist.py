@@ -193,6 +193,10 @@ class Job:
         # FSDP2: every unit's collectives behind a gate, on a gloo group of their own.
         self.fsdp = model if run._adaptive and _fsdp.is_fsdp2(model) else None
         self.gates = None
+        # FSDP2: whether the unsharded gradients are held until the last micro-batch (the
+        # run decides, _fsdp.holds_unsharded), and what they take.
+        self.hold = True
+        self.grad_bytes = 0
         if self.fsdp is not None:
             self.gates = _fsdp.Gates(dist, dist.new_group(backend="gloo"))
             self.units = _fsdp.install(model, self.gates)

@@ -26,7 +26,9 @@ up on every rank at the agreement (its gradients dropped, the last completed ste
 
 Accumulation: gradient sync is off for all micro-batches but the last (each rank holds its
 units' unsharded gradients meanwhile; one reduce-scatter per unit per step, the traffic of
-a fixed-batch run). docs/PYTHON.md, "FSDP2".
+a fixed-batch run) while those gradients take at most a tenth of the memory limit; past
+that, a reduce-scatter after every micro-batch keeps them sharded (:data:`HOLD_SHARE`,
+the run's ``sharded_accumulation=``). docs/PYTHON.md, "FSDP2".
 
 Only torch.distributed moves data between ranks. FSDP2's between-steps state is private to
 torch: :func:`check` refuses a torch whose FSDP2 lacks what :func:`reset` puts back.
@@ -135,6 +137,7 @@ class Gates:
         self.dist = dist
         self.group = group
         self.passed = 0
+        self.reduce_scatters = 0
         self.us = 0.0
         # While a step's micro-batches run: whether this rank is to leave the step (a stop
         # signal arrived), asked before each gate, so a long micro-batch is left promptly.
@@ -211,11 +214,33 @@ def _comms(gates: Gates):
 
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
             gates.gate()
+            gates.reduce_scatters += 1
             return gates.dist.reduce_scatter_tensor(
                 output=output_tensor, input=input_tensor, group=group, op=op, async_op=async_op
             )
 
     return GatedAllGather(), GatedReduceScatter()
+
+
+# Holding every unit's unsharded gradients between micro-batches costs a full replica of
+# the gradients on each rank, what sharding was for; a reduce-scatter after every
+# micro-batch keeps them sharded for a reduce-scatter per micro-batch (12-27% slower on a
+# 2-core CPU with gloo, docs/BENCHMARKS.md "headroom under FSDP2"). "auto" holds them
+# while they take at most this share of the memory limit.
+HOLD_SHARE = 0.10
+
+
+def unsharded_grad_bytes(model: torch.nn.Module) -> int:
+    """What every trainable parameter's unsharded gradient takes (a DTensor's numel is
+    its global one)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def holds_unsharded(choice: str, grad_bytes: int, limit: int) -> bool:
+    """Whether the run keeps the unsharded gradients until the last micro-batch."""
+    if choice != "auto":
+        return choice == "hold"
+    return limit <= 0 or grad_bytes <= HOLD_SHARE * limit
 
 
 def install(model: torch.nn.Module, gates: Gates) -> int:

@@ -42,6 +42,12 @@ class JobRank:
         self._job_commands: list[str] = []
         if job_id is not None:
             self._job = _dist.Job(self, model, self._params, job_id)
+            job = self._job
+            if job.fsdp is not None:
+                job.grad_bytes = _fsdp.unsharded_grad_bytes(job.fsdp)
+                job.hold = _fsdp.holds_unsharded(
+                    self._sharded_accumulation, job.grad_bytes, self._native.limit_bytes
+                )
             self._say_job(world)
 
     def _say_job(self, world: int) -> None:
@@ -53,7 +59,8 @@ class JobRank:
                 f"global batch is {self._effective * world} samples per step. The ranks agree "
                 "on each step's number of micro-batches (the largest any rank needs), every "
                 "all-gather and reduce-scatter waits behind a gate, and an out-of-memory error "
-                "on any rank has every rank redo the step"
+                "on any rank has every rank redo the step. Between micro-batches "
+                + self._accumulation_text()
             )
         elif self._adaptive:
             text = (
@@ -74,6 +81,28 @@ class JobRank:
                 "every rank at the same step)"
             )
         self.notice(text)
+
+    def _accumulation_text(self) -> str:
+        job = self._job
+        held = f"{job.grad_bytes / 2**20:.1f} MiB"
+        limit = self._native.limit_bytes
+        share = f", {job.grad_bytes / limit:.0%} of the limit" if limit > 0 else ""
+        how = (
+            "sharded_accumulation=" + repr(self._sharded_accumulation)
+            if self._sharded_accumulation != "auto"
+            else "at most a tenth of the limit: held"
+            if job.hold
+            else "over a tenth of the limit: reduced"
+        )
+        if job.hold:
+            return (
+                f"each rank holds its units' unsharded gradients ({held}{share}; {how}) "
+                "and reduce-scatters them once, after the last"
+            )
+        return (
+            f"each rank reduce-scatters its gradients after every micro-batch, so they stay "
+            f"sharded (unsharded they would take {held}{share}; {how})"
+        )
 
     def _job_note(self, micro_batch: int, peak: int, dt: float, loss: float) -> None:
         """This rank's figures for its row at the next agreement."""
@@ -247,7 +276,7 @@ class JobRank:
                 for i, size in enumerate(sizes):
                     if self._abandon_step_requested():
                         raise _fsdp.StopRequested("a stop signal on this rank")
-                    _fsdp.set_sync(model, i == count - 1)
+                    _fsdp.set_sync(model, i == count - 1 or not job.hold)
                     end = start + size
                     with self._levers.autocast():
                         loss = loss_fn(cut(batch, start, end))

@@ -119,6 +119,7 @@ class Run(StopSignals, JobRank):
         checkpointing: Callable[[bool], Any] | None = None,
         half_precision: str | None = None,
         log_rotate: str | None = None,
+        sharded_accumulation: str = "auto",
     ):
         global _current
         # Every argument is checked before anything happens: a mistake finishes no
@@ -164,6 +165,7 @@ class Run(StopSignals, JobRank):
         self._adaptive = a.effective_batch is not None
         self._effective = a.effective_batch or 0
         self._native = self._open_native(a, name, job)
+        self._sharded_accumulation = a.sharded_accumulation
         self._start_job(a.model, world, job[0] if joined else None)
         self._start_meters(a.oom_snapshot)
         self._levers = _levers.Levers(self.device)

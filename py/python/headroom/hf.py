@@ -289,10 +289,10 @@ def adapt(trainer: transformers.Trainer, **run_kwargs: Any) -> transformers.Trai
     ``per_device_eval_batch_size`` batch in chunks that fit (``prediction_step`` per
     chunk, the results joined), so an eval batch larger than memory allows completes.
     Under ``torchrun`` with the Trainer's DDP, each rank cuts its own per-device batch
-    (a tighter rank cuts finer) and the gradients are averaged once per batch, after every
-    rank has finished its micro-batches, instead of inside the last backward; FSDP and
-    DeepSpeed are refused. Keyword arguments go to :class:`headroom.Run`
-    (``micro_batch`` to start from, ``memory_budget``, ``hard_limit``, ``log``, …).
+    (a tighter rank cuts finer) and the gradients are averaged once per batch, inside each
+    rank's last backward after the ranks agree; FSDP and DeepSpeed are refused. Keyword
+    arguments go to :class:`headroom.Run` (``micro_batch`` to start from,
+    ``memory_budget``, ``hard_limit``, ``log``, …).
     Returns the trainer.
     """
     if getattr(trainer, "_headroom", None) is not None:
