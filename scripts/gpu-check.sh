@@ -25,7 +25,7 @@
 #       # for overhead and telemetry, which `all` leaves out. Without the wheels, hf and
 #       # lightning are SKIP lines unless the device's Python has the frameworks itself.
 #   (on the GPU machine)  OUT=$OUT bash scripts/gpu-check.sh all
-#                         OUT=$OUT bash scripts/gpu-check.sh info|run|oom|ramp|dash|fidelity|overhead|telemetry|nvml|py-oom|py-dash|levers|plan|keys|oom-snapshot|py-levers|py-eval|py-alloc|py-snapshot|hints|hf|lightning|ddp-nccl|hardcap ...
+#                         OUT=$OUT bash scripts/gpu-check.sh info|run|oom|ramp|dash|fidelity|overhead|telemetry|nvml|py-oom|py-dash|levers|plan|keys|oom-snapshot|py-levers|py-eval|py-alloc|py-snapshot|hints|hf|lightning|ddp-nccl|fsdp-nccl|hardcap ...
 #
 # (Use the lent machine's own $OUT, whose files come back; OUT=out keeps them there.) The
 # command runs in the repository root, so the carried files are at $ROOT/target/gpu/. The
@@ -41,7 +41,7 @@
 # $WORK (a scratch folder, removed at the end): a 86M-parameter checkpoint is 1 GiB.
 #
 # `all` runs info levers py-levers py-eval plan keys oom-snapshot py-alloc py-snapshot hints hf lightning
-# ddp-nccl hardcap, then run fidelity nvml, within ALL_BUDGET seconds (450; every timeout
+# ddp-nccl fsdp-nccl hardcap, then run fidelity nvml, within ALL_BUDGET seconds (450; every timeout
 # is cut to what is left, and a section that no longer fits is a SKIP line), with run at
 # RUN_STEPS=10 and nvml at NVML_STEPS=12 steps. It leaves out oom ramp dash overhead
 # telemetry py-oom py-dash (each over a minute; a SKIP line says why): name them to run them.
@@ -142,7 +142,7 @@ imports() {
 # The sections `all` runs, in order, and those it leaves out with the reason.
 # What never ran on a GPU comes first; run, fidelity and nvml (passed on the first loan)
 # come last, so that a slow machine spends the budget on the new paths.
-ALL=(info levers py-levers py-eval plan keys oom-snapshot py-alloc py-snapshot hints hf lightning ddp-nccl hardcap run fidelity nvml)
+ALL=(info levers py-levers py-eval plan keys oom-snapshot py-alloc py-snapshot hints hf lightning ddp-nccl fsdp-nccl hardcap run fidelity nvml)
 NOT_IN_ALL=(oom ramp dash overhead telemetry py-oom py-dash)
 left_out() {
   case "$1" in
@@ -495,6 +495,64 @@ with open(f"{out}/done-rank{rank}.json", "w") as f:
          "allreduce": int(t.item()), "early_buckets": early, "buckets": buckets},
         f,
     )
+dist.destroy_process_group()
+PY
+
+cat > "$WORK/py/fsdp_nccl.py" << 'PY'
+"""fsdp-nccl: one rank of a torchrun job on NCCL (world size 1 on one GPU): the small
+transformer with fully_shard on each block and the root, an adaptive headroom.Run from a
+micro-batch its memory_budget (the caching allocator's fraction) cannot hold, so a real
+torch.OutOfMemoryError inside FSDP2's units is recovered by the gates and the redo."""
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from hrgpu import GPT, batches
+from torch.distributed.fsdp import fully_shard
+
+import headroom
+
+out = sys.argv[1]
+steps = int(os.environ.get("FSDP_STEPS", "6"))
+start = int(os.environ.get("FSDP_MICRO", "128"))
+dist.init_process_group("nccl")
+rank, world = dist.get_rank(), dist.get_world_size()
+local = int(os.environ.get("LOCAL_RANK", "0"))
+torch.cuda.set_device(local)
+torch.manual_seed(0)
+model = GPT().cuda(local)
+for block in model.blocks:
+    fully_shard(block)
+fully_shard(model)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def loss_fn(mb):
+    x, y = mb
+    return F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+
+
+with headroom.Run(
+    "gpu-fsdp",
+    model=model,
+    effective_batch=start,
+    micro_batch=start,
+    memory_budget=os.environ.get("FSDP_BUDGET", "1GiB"),
+    total_steps=steps,
+    log=f"{out}/rank{rank}.jsonl",
+) as run:
+    for b in batches(steps, start, device=f"cuda:{local}", seed=rank):
+        if run.should_stop:
+            break
+        run.backward(b, loss_fn)
+        run.step(opt)
+    done = run.step_count
+with open(f"{out}/done-rank{rank}.json", "w") as f:
+    json.dump({"steps": done, "want": steps, "world": world, "backend": dist.get_backend()}, f)
 dist.destroy_process_group()
 PY
 
@@ -1089,6 +1147,23 @@ def ddp_nccl():
     return check(ok and d["steps"] == d["want"] == d["allreduce"], text)
 
 
+def fsdp_nccl():
+    p = OUT / "fsdp" / "done-rank0.json"
+    check(p.exists(), f"rank 0 did not finish (exit {rc('fsdp-nccl')}): {tail('fsdp/torchrun.out', 2)}")
+    d = json.loads(p.read_text())
+    rs = recs("fsdp/rank0.jsonl")
+    mem = kind(rs, "step_memory")
+    ooms = kind(rs, "oom")
+    text = (
+        f"torchrun world size {d['world']}, backend {d['backend']}, FSDP2: "
+        f"{d['steps']}/{d['want']} steps on {device_of(rs)}, {len(ooms)} CUDA OOM(s) "
+        f"recovered, micro-batch {ooms[0]['micro_batch'] if ooms else '?'} → "
+        f"{mem[-1]['micro_batch'] if mem else '?'}"
+    )
+    ok = rc("fsdp-nccl") == 0 and d["world"] == 1 and d["backend"] == "nccl"
+    return check(ok and d["steps"] == d["want"] and len(ooms) >= 1, text)
+
+
 def hardcap():
     cuda = (OUT / "hardcap-cuda.out").read_text() if (OUT / "hardcap-cuda.out").exists() else ""
     py = (OUT / "hardcap-py.out").read_text() if (OUT / "hardcap-py.out").exists() else ""
@@ -1155,7 +1230,7 @@ SECTIONS = {
     "oom-snapshot": oom_snapshot, "py-alloc": py_alloc, "py-snapshot": py_snapshot,
     "hints": hints, "hf": lambda: framework("hf", "transformers", "hf.result.json"),
     "lightning": lambda: framework("lightning", "lightning", "lightning.result.json"),
-    "ddp-nccl": ddp_nccl, "hardcap": hardcap, "py-levers": py_levers, "py-eval": py_eval,
+    "ddp-nccl": ddp_nccl, "fsdp-nccl": fsdp_nccl, "hardcap": hardcap, "py-levers": py_levers, "py-eval": py_eval,
 }
 
 def one_line(text):
@@ -1450,6 +1525,18 @@ PY
         "$WORK/py/ddp_nccl.py" "$OUT/ddp" > "$OUT/ddp/torchrun.out" 2>&1
       ran ddp-nccl; tail -3 "$OUT/ddp/torchrun.out"
       summarize ddp-nccl
+      ;;
+    fsdp-nccl)
+      # FSDP2 under torchrun at world size 1 with NCCL (issue 31): FSDP_STEPS (6) steps of
+      # FSDP_MICRO (128) sequences from that micro-batch under FSDP_BUDGET (1GiB): a real
+      # CUDA OOM inside the gated units, recovered.
+      section fsdp-nccl; have_py fsdp-nccl && need 30 fsdp-nccl || continue
+      mkdir -p "$OUT/fsdp"
+      NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo} PYTHONPATH=$PYP timeout "$(tmo 120)" \
+        "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 \
+        "$WORK/py/fsdp_nccl.py" "$OUT/fsdp" > "$OUT/fsdp/torchrun.out" 2>&1
+      ran fsdp-nccl; tail -3 "$OUT/fsdp/torchrun.out"
+      summarize fsdp-nccl
       ;;
     hardcap)
       # The hard cap (--hard-limit, hard_limit=True) is RLIMIT_DATA on host memory, so on

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
 import headroom
-from headroom import _native, _torch
+from headroom import _fsdp, _native, _torch
 
 from conftest import FailInBackward, TinyGPT, die_with_parent, injection_plan, say
 
@@ -152,8 +152,14 @@ def main() -> int:
             torch.Tensor.clone = real_clone
             time.sleep(args.step_sleep)
         steps_done = run.step_count
-        gates = run._job.gates
-    full = {n: p.full_tensor() for n, p in model.named_parameters()}
+        # At world size 1 the run joins no job: no gates (FSDP2's collectives are local).
+        gates = run._job.gates if run._job is not None else _fsdp.Gates(None, None)
+    # A unit left half run by an out-of-memory error keeps plain unsharded parameters.
+    sharded = all(hasattr(p, "full_tensor") for p in model.parameters())
+    full = {
+        n: p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone()
+        for n, p in model.named_parameters()
+    }
     if rank == 0:
         torch.save(full, out / "params.pt")
     # The run has ended: its groups are gone and FSDP collects ungated (a forward after
@@ -168,6 +174,7 @@ def main() -> int:
                 "fired": state["fired"],
                 "gates": gated,
                 "reduce_scatters": gates.reduce_scatters,
+                "sharded": sharded,
                 "gates_after_run": gates.passed - gated,
                 "groups_before": groups_before,
                 "groups_after": len(dist.distributed_c10d._world.pg_map),

@@ -108,6 +108,34 @@ def test_ooms_on_one_rank_at_every_point_are_recovered_by_every_rank(
     assert_params_close(got, reference(steps, per_rank * world), TOL)
 
 
+def test_one_process_with_fsdp2_recovers_ooms_at_every_point_and_learns_the_same(tmp_path):
+    """World size 1 (the run joins no job, no gates): an out-of-memory error inside a unit
+    used to leave it half run (its parameters gathered for good), and the run then learned
+    something else. Now every unit is put back and the step's samples start over."""
+    steps, per_rank = 5, 12
+    job = torchrun(
+        1,
+        "fsdp_adaptive.py",
+        "--steps",
+        str(steps),
+        "--per-rank",
+        str(per_rank),
+        "--micro",
+        "4",
+        "--inject",
+        "0:optimizer-state@1,forward-middle@2,backward-first@3,backward-last@4",
+        "--out",
+        str(tmp_path),
+    )
+    finish(job)
+    done = json.loads((tmp_path / "done-rank0.json").read_text())
+    assert done["steps"] == steps and done["fired"] == [1, 2, 3, 4], done
+    assert done["sharded"], "a unit was left with its parameters gathered"
+    assert [o["step"] for o in kinds(tmp_path / "rank0.jsonl", "oom")] == [2, 3, 4]
+    got = torch.load(tmp_path / "params.pt")
+    assert_params_close(got, reference(steps, per_rank), TOL)
+
+
 def test_a_rank_killed_mid_run_ends_the_job_and_the_others_name_it(tmp_path):
     """kill -9 of a rank under FSDP2: the others, at a gate or inside a collective, see
     its connection close and end as failed naming it, well before torchrun's 30 s."""

@@ -57,10 +57,12 @@ def run_batch(
     samples: int | None = None,
     seq_len: int | None = None,
     on_chunk: Callable[[Any, Callable[[Any], Any]], Any] | None = None,
+    after_oom: Callable[[], Any] | None = None,
 ) -> Any:
     """`fn` over `batch` in chunks `sizer` (a NativeRun or `Plain`) sizes; the combined
     result. `on_chunk(chunk, fn)` makes each call in its place (Lightning points its
-    logging at the chunk first)."""
+    logging at the chunk first); `after_oom()` puts the model back after an out-of-memory
+    error left a forward half run (FSDP2's units)."""
     n = samples if samples is not None else _batch.size_of(batch)
     seq = seq_len or (_batch.seq_len_of(batch) if cut is None else 1)
     cut = cut or _batch.take
@@ -91,6 +93,8 @@ def run_batch(
         # Out of memory: the attempt's tensors went with its frames; only this chunk's
         # samples are retried, the completed chunks' results kept.
         retry = sizer.eval_oom(end - start, seq, failed)
+        if after_oom is not None:
+            after_oom()
         _torch.free_memory(device)
         if retry is None:
             from ._run import OutOfMemory  # _run imports this module

@@ -167,6 +167,7 @@ class Run(StopSignals, JobRank):
         self._native = self._open_native(a, name, job)
         self._sharded_accumulation = a.sharded_accumulation
         self._start_job(a.model, world, job[0] if joined else None)
+        self._solo_fsdp = self._fsdp_alone(a.model)
         self._start_meters(a.oom_snapshot)
         self._levers = _levers.Levers(self.device)
         if self._adaptive:
@@ -666,8 +667,13 @@ class Run(StopSignals, JobRank):
                 start = end
                 continue
             # Out of memory: the attempt's tensors went with its frames. In a job's last
-            # backward the all-reduce had begun: every rank starts the step over.
+            # backward the all-reduce had begun: every rank starts the step over. FSDP2
+            # without a job: its units put back to between steps, and the step over too
+            # (what its half-run unit had gathered or accumulated cannot be told apart).
             restart = overlapped or (in_backward and self._grads_changed(versions))
+            if self._solo_fsdp is not None:
+                self._reset_solo_fsdp()
+                restart = True
             retry, _, last_resort = self._native.oom(step, mb, seq, failed)
             self._snapshot_oom(step)
             _torch.free_memory(self.device)
@@ -845,6 +851,28 @@ class Run(StopSignals, JobRank):
         )
         return self._native.micro_batch
 
+    def _fsdp_alone(self, model: Any) -> Any:
+        """An adaptive run's FSDP2 root when it joined no job (one process, or world size
+        1): an out-of-memory error inside a unit leaves it half run (a unit's parameters
+        gathered and never resharded, its state mid-forward), and training on from there
+        learns the wrong thing. None otherwise."""
+        if not self._adaptive or self._job is not None or model is None:
+            return None
+        root = _fsdp.outermost(model)
+        if root is None:
+            return None
+        why = _fsdp.check(root)
+        if why is not None:
+            raise RunError(
+                f"adaptive mode with FSDP2: {why}; watch the run with run.report(loss) "
+                "(create the Run without effective_batch=)"
+            )
+        return root
+
+    def _reset_solo_fsdp(self) -> None:
+        if self._solo_fsdp is not None:
+            _fsdp.reset(self._solo_fsdp)
+
     def _grad_versions(self) -> list:
         return [None if p.grad is None else (id(p.grad), p.grad._version) for p in self._params]
 
@@ -930,6 +958,7 @@ class Run(StopSignals, JobRank):
                     cut=split,
                     samples=samples,
                     seq_len=seq_len,
+                    after_oom=self._reset_solo_fsdp,
                 )
             finally:
                 # The next step's peak starts from here, not from the last chunk's.

@@ -223,6 +223,7 @@ class Adaptive(Watch):
                     lambda chunk: step(chunk, *args, **kwargs),
                     capped=bool(run is not None and run._hard_limit),
                     on_chunk=call,
+                    after_oom=run._reset_solo_fsdp if run is not None else None,
                 )
             finally:
                 if results is not None:
