@@ -498,6 +498,10 @@ class Job:
         except RankFailed:
             raise
         except RuntimeError as e:
+            if _torch.is_oom(e):
+                # Zeros for a gradient only other ranks have, after the verdict: this
+                # rank fails the step, and its agreement says so.
+                raise
             raise self._peer_lost(step, self.agreements, e) from e
         if not (v.redo or v.failed):
             ov.drop_unused(v)
