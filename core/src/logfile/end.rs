@@ -213,7 +213,7 @@ fn indexes(file: &File, len: u64) -> Option<(Vec<Framed>, u64)> {
         if p >= at {
             return None;
         }
-        let e = index_at(file, p)?;
+        let e = IndexEntry::read_from(file, p)?;
         at = p;
         entry = e;
         if entry.data_offset + entry.data_len != at {
@@ -223,16 +223,6 @@ fn indexes(file: &File, len: u64) -> Option<(Vec<Framed>, u64)> {
     frames.reverse();
     // The first frame starts the file: frames before it would be lost.
     (frames[0].entry.data_offset == 0).then_some((frames, open_from))
-}
-
-/// The index frame starting at `at`.
-fn index_at(file: &File, at: u64) -> Option<IndexEntry> {
-    let mut head = [0u8; 8];
-    file.read_exact_at(&mut head, at).ok()?;
-    let size = u32::from_le_bytes(head[4..8].try_into().ok()?) as usize;
-    let mut frame = vec![0u8; 8 + size];
-    file.read_exact_at(&mut frame, at).ok()?;
-    IndexEntry::decode(&frame)
 }
 
 /// The last index frame (where it starts, and it) and the offset after it; no frame but
@@ -255,7 +245,7 @@ fn last_index(file: &File, len: u64) -> Option<(Option<(u64, IndexEntry)>, u64)>
             if let Some(start) = stop_at.checked_sub(flen) {
                 let entry = match start.checked_sub(from) {
                     Some(i) => IndexEntry::decode(&tail[i as usize..stop]),
-                    None => index_at(file, start),
+                    None => IndexEntry::read_from(file, start),
                 };
                 if let Some(e) = entry.filter(|e| e.data_offset + e.data_len == start) {
                     return Some((Some((start, e)), stop_at));
