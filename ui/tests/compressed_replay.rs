@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crossbeam_channel::{select, Receiver, RecvTimeoutError};
+use crossbeam_channel::{select, Receiver};
 use headroom_core::logfile::{compact_line, segment_path, FrameWriter};
 use headroom_core::units::fmt_count;
 use headroom_core::{Level, Notice, Record, Telemetry};
@@ -14,6 +14,8 @@ use headroom_ui::app::App;
 use headroom_ui::{replay_feed, Feed, ReplayOptions};
 
 mod support;
+
+use support::{next, text_of};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -123,21 +125,6 @@ fn notice_texts(recs: &[Record]) -> Vec<String> {
             _ => None,
         })
         .collect()
-}
-
-fn text_of(r: &Record) -> String {
-    match &r.msg {
-        Telemetry::Notice(n) => n.text.clone(),
-        other => other.kind().to_string(),
-    }
-}
-
-fn next(rx: &Receiver<Record>, within: Duration) -> Option<String> {
-    match rx.recv_timeout(within) {
-        Ok(r) => Some(text_of(&r)),
-        Err(RecvTimeoutError::Timeout) => None,
-        Err(RecvTimeoutError::Disconnected) => Some("<disconnected>".into()),
-    }
 }
 
 fn fast() -> ReplayOptions {
