@@ -118,6 +118,15 @@ fn app_of(recs: &[Record]) -> App {
     app
 }
 
+/// The screen's first three rows: the run's name, status and progress.
+fn header(app: &App) -> String {
+    support::screen(app, 120, 40)
+        .lines()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn notice_texts(recs: &[Record]) -> Vec<String> {
     recs.iter()
         .filter_map(|r| match &r.msg {
@@ -303,13 +312,6 @@ fn end_on_a_compressed_log_summarises_earlier_frames_and_ends_like_the_full_repl
     assert_eq!(b.progress_line(), a.progress_line());
     assert_eq!(b.policy.last_decision, a.policy.last_decision);
     assert_eq!(b.last_eval, a.last_eval);
-    let header = |app: &App| {
-        support::screen(app, 120, 40)
-            .lines()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
     assert_eq!(header(&b), header(&a));
 }
 
@@ -503,13 +505,6 @@ fn a_damaged_frame_is_said_in_the_event_log_and_the_replay_goes_on_to_the_end() 
         app_of(&got),
     );
     assert_eq!(b.last_step.as_ref().map(|s| s.step), Some(600));
-    let header = |app: &App| {
-        support::screen(app, 120, 40)
-            .lines()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
     assert_eq!(header(&b), header(&a));
     let screen = support::screen(&b, 120, 40);
     assert!(screen.contains("damaged data at byte"), "{screen}");

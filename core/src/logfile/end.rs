@@ -434,14 +434,20 @@ mod tests {
         assert_eq!(rest_of(&mut end), later);
     }
 
-    #[test]
-    fn a_damaged_index_reads_the_file_whole() {
+    /// A closed log of records `0..500`, a frame every 100, and its bytes.
+    fn log_of_500() -> (tempfile::TempDir, PathBuf, Vec<u8>) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("run.jsonl.zst");
         let mut w = FrameWriter::new(File::create(&path).unwrap()).unwrap();
         write(&mut w, 0, 500);
         w.finish().unwrap();
-        let mut bytes = std::fs::read(&path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        (dir, path, bytes)
+    }
+
+    #[test]
+    fn a_damaged_index_reads_the_file_whole() {
+        let (_dir, path, mut bytes) = log_of_500();
         // The third index frame's `prev`: the walk back no longer holds together.
         let third = bytes
             .windows(4)
@@ -461,12 +467,7 @@ mod tests {
 
     #[test]
     fn a_damaged_frame_at_the_end_is_skipped_and_said() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("run.jsonl.zst");
-        let mut w = FrameWriter::new(File::create(&path).unwrap()).unwrap();
-        write(&mut w, 0, 500);
-        w.finish().unwrap();
-        let mut bytes = std::fs::read(&path).unwrap();
+        let (_dir, path, mut bytes) = log_of_500();
         let (frames, _) = indexes(&File::open(&path).unwrap(), bytes.len() as u64).unwrap();
         let fourth = &frames[3].entry;
         let mid = (fourth.data_offset + fourth.data_len / 2) as usize;

@@ -774,12 +774,16 @@ mod tests {
         (bytes, entries)
     }
 
-    /// Overwrites 16 bytes in the middle of the `k`th data frame.
-    fn spoil(bytes: &mut [u8], e: &crate::logfile::IndexEntry) {
+    /// `bytes` with 16 bytes overwritten in the middle of the data frame `e` indexes,
+    /// as the log `run.jsonl.zst` in `d`.
+    fn spoilt(d: &Dir, bytes: &mut [u8], e: &crate::logfile::IndexEntry) -> PathBuf {
         let mid = (e.data_offset + e.data_len / 2) as usize;
         for b in &mut bytes[mid..mid + 16] {
             *b ^= 0xA5;
         }
+        let live = d.0.join("run.jsonl.zst");
+        fs::write(&live, &*bytes).unwrap();
+        live
     }
 
     /// Every line and every damage of a log, each damage at its place (`!` and its offset).
@@ -802,11 +806,8 @@ mod tests {
 
     #[test]
     fn a_damaged_middle_frame_is_skipped_and_said_once() {
-        let d = Dir::new();
-        let live = d.0.join("run.jsonl.zst");
-        let (mut bytes, frames) = framed(1000);
-        spoil(&mut bytes, &frames[4]);
-        fs::write(&live, &bytes).unwrap();
+        let (d, (mut bytes, frames)) = (Dir::new(), framed(1000));
+        let live = spoilt(&d, &mut bytes, &frames[4]);
         let (got, damage) = read_marked(&live);
         let at = frames[4].data_offset;
         let mut want: Vec<String> = (0..400).map(line).collect();
@@ -826,11 +827,8 @@ mod tests {
 
     #[test]
     fn a_damaged_last_frame_is_skipped_and_the_end_is_still_the_end() {
-        let d = Dir::new();
-        let live = d.0.join("run.jsonl.zst");
-        let (mut bytes, frames) = framed(500);
-        spoil(&mut bytes, &frames[4]);
-        fs::write(&live, &bytes).unwrap();
+        let (d, (mut bytes, frames)) = (Dir::new(), framed(500));
+        let live = spoilt(&d, &mut bytes, &frames[4]);
         let (got, damage) = read_marked(&live);
         let mut want: Vec<String> = (0..400).map(line).collect();
         want.push(format!("!{}", frames[4].data_offset));
