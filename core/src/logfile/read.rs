@@ -826,6 +826,23 @@ mod tests {
     }
 
     #[test]
+    fn a_damaged_frame_header_is_skipped_the_same_way() {
+        let (d, (mut bytes, frames)) = (Dir::new(), framed(600));
+        let at = frames[3].data_offset as usize;
+        for b in &mut bytes[at + 4..at + 8] {
+            *b ^= 0xA5;
+        }
+        let live = d.0.join("run.jsonl.zst");
+        fs::write(&live, &bytes).unwrap();
+        let (got, damage) = read_marked(&live);
+        let mut want: Vec<String> = (0..300).map(line).collect();
+        want.push(format!("!{at}"));
+        want.extend((400..600).map(line));
+        assert_eq!(got, want);
+        assert_eq!(damage[0].lost.as_ref().map(|l| l.records), Some(100));
+    }
+
+    #[test]
     fn a_damaged_last_frame_is_skipped_and_the_end_is_still_the_end() {
         let (d, (mut bytes, frames)) = (Dir::new(), framed(500));
         let live = spoilt(&d, &mut bytes, &frames[4]);
