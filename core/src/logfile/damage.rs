@@ -105,6 +105,41 @@ pub fn index_after(file: &File, from: u64, len: u64) -> Option<(u64, IndexEntry)
         })
 }
 
+/// What follows a data frame that ends at `at`.
+pub enum After {
+    /// Its index frame.
+    Index(IndexEntry),
+    /// An index frame that does not read whole (its size, its trailer or where it says
+    /// its data frame is is damaged): zstd would skip it by a size that may be wrong.
+    Broken,
+    /// Another frame, the file's end, or an index frame not all written yet.
+    Other,
+}
+
+/// The frame at `at`, where a data frame ends, as its index.
+pub fn after(file: &File, at: u64) -> After {
+    let mut head = [0u8; 8];
+    if file.read_exact_at(&mut head, at).is_err() || head[..4] != SKIPPABLE_MAGIC.to_le_bytes() {
+        return After::Other;
+    }
+    let size = u32::from_le_bytes([head[4], head[5], head[6], head[7]]) as u64;
+    let Ok(len) = file.metadata().map(|m| m.len()) else {
+        return After::Other;
+    };
+    // Past the file's end: a writer's index frame on its way, unless a later index names
+    // this one as its previous (its size grew by damage: zstd would wait for the rest).
+    if at + 8 + size > len {
+        return match index_after(file, at, len) {
+            Some((_, e)) if e.prev == Some(at) => After::Broken,
+            _ => After::Other,
+        };
+    }
+    match IndexEntry::read_from(file, at) {
+        Some(e) if e.data_offset.checked_add(e.data_len) == Some(at) => After::Index(e),
+        _ => After::Broken,
+    }
+}
+
 /// Whether the four bytes at `at` start a zstd frame (data or skippable).
 pub fn starts_frame(file: &File, at: u64) -> bool {
     let mut magic = [0u8; 4];

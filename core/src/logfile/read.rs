@@ -26,9 +26,8 @@ use std::sync::Arc;
 
 use zstd::stream::raw::{Decoder, InBuffer, Operation, OutBuffer};
 
-use super::damage::{index_after, next_frame, starts_frame, Resync};
+use super::damage::{after, index_after, next_frame, starts_frame, After, Resync};
 pub use super::damage::{Damage, Lost};
-use super::index::IndexEntry;
 use super::names::{is_compressed, segments};
 
 /// Bytes read from a file at a time.
@@ -268,7 +267,7 @@ impl Part {
                     z.full = z.frame.len() == z.frame.capacity();
                     if hint == 0 {
                         let end = z.consumed(self.raw);
-                        self.frame_ended(end, out, damage);
+                        self.frame_ended(end, out, damage)?;
                     }
                 }
                 Err(e) => {
@@ -288,17 +287,21 @@ impl Part {
     /// A frame decoded to its end at `end`: given, unless the index after it says it held
     /// another number of records (damage that zstd did not see, in a frame without a
     /// checksum).
-    fn frame_ended(&mut self, end: u64, out: &mut Vec<u8>, damage: &mut Vec<Damage>) {
+    fn frame_ended(
+        &mut self,
+        end: u64,
+        out: &mut Vec<u8>,
+        damage: &mut Vec<Damage>,
+    ) -> io::Result<()> {
         let z = self.decoder.as_mut().expect("a compressed part");
-        let index = match z.frame.is_empty() {
-            true => None,
-            false => IndexEntry::read_from(&self.file, end)
-                .filter(|e| e.data_offset.checked_add(e.data_len) == Some(end)),
+        let next = match z.frame.is_empty() {
+            true => After::Other,
+            false => after(&self.file, end),
         };
         let given = z.boundaries.back().map_or(0, |(_, lines)| z.lines - lines);
         let lines = given + z.frame.iter().filter(|&&b| b == b'\n').count() as u64;
-        match index {
-            Some(e) if e.records != lines => {
+        match next {
+            After::Index(ref e) if e.records != lines => {
                 damage.push(Damage {
                     file: self.name.clone(),
                     offset: e.data_offset,
@@ -320,6 +323,34 @@ impl Part {
             _ => z.release(out),
         }
         z.boundary(end);
+        match next {
+            After::Broken => self.past_broken_index(end, damage),
+            _ => Ok(()),
+        }
+    }
+
+    /// The index frame at `at`, after a data frame read whole, does not read: zstd is not
+    /// trusted to skip it by its size. Reading goes on at the data frame the next index
+    /// names (said only where more than this index lies between); with no index after it,
+    /// zstd skips it.
+    fn past_broken_index(&mut self, at: u64, damage: &mut Vec<Damage>) -> io::Result<()> {
+        let z = self.decoder.as_mut().expect("a compressed part");
+        let len = self.file.metadata().map_or(at, |m| m.len());
+        // With no index after it, zstd skips it by its size, as any skippable frame.
+        if let Some((_, e)) = index_after(&self.file, at, len) {
+            if e.prev != Some(at) {
+                damage.push(Damage {
+                    file: self.name.clone(),
+                    offset: at,
+                    resumed: Some(e.data_offset),
+                    lost: None,
+                    error: "an index frame that does not read".into(),
+                });
+            }
+            z.restart(e.data_offset)?;
+            self.raw = e.data_offset;
+        }
+        Ok(())
     }
 
     /// The frame being decoded does not decode (`e`): the half line it left in `out` is
@@ -868,16 +899,19 @@ mod tests {
     fn a_damaged_index_frame_loses_nothing_and_says_nothing() {
         let d = Dir::new();
         let live = d.0.join("run.jsonl.zst");
-        let (mut bytes, frames) = framed(600);
+        let (mut bytes, frames) = framed(1000);
         // The third frame's index: its magic, so zstd cannot skip it.
         let index = (frames[2].data_offset + frames[2].data_len) as usize;
         bytes[index] ^= 0xFF;
         // The fifth's: its size, so zstd skips too little.
         let index = (frames[4].data_offset + frames[4].data_len) as usize;
         bytes[index + 4] ^= 0x08;
+        // The seventh's: its size grown past the next frames, which zstd would skip.
+        let index = (frames[6].data_offset + frames[6].data_len) as usize;
+        bytes[index + 5] ^= 0x10;
         fs::write(&live, &bytes).unwrap();
         let (got, damage) = read_marked(&live);
-        assert_eq!(got, (0..600).map(line).collect::<Vec<_>>());
+        assert_eq!(got, (0..1000).map(line).collect::<Vec<_>>());
         assert!(damage.is_empty(), "{damage:?}");
     }
 
