@@ -6,6 +6,10 @@
 //!   one killed in the middle of a frame) is only the end *for now*: what was flushed is
 //!   given, and the rest of the frame is decoded when it arrives. Skippable (index)
 //!   frames are skipped by zstd itself.
+//! - A frame's lines are handed out once its end is checked (zstd's checksum, and the
+//!   record count of the index after it); only a file's unfinished last frame is given
+//!   as it comes. A damaged frame is skipped to the next good one and said
+//!   ([`ChainLines::take_damage`]; [`super::damage`]), instead of ending the log.
 //! - A half-written line waits for its newline ([`ChainLines::rest`] takes it when the
 //!   log will not grow).
 //! - Rotation: when the live file at the path is renamed to the next numbered segment,
