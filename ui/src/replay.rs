@@ -180,6 +180,7 @@ pub fn replay_job_feed(paths: &[PathBuf], opts: ReplayOptions) -> io::Result<Fee
         stepping: false,
         jumping: opts.start_at_end,
         skipped: 0,
+        damaged: 0,
         ended: false,
     };
     std::thread::Builder::new()
@@ -340,7 +341,8 @@ impl Source {
     }
 
     /// A compressed log from its end: the summary and the last frames first, with a
-    /// notice of what was summarised where the whole records begin.
+    /// notice of what was summarised where the whole records begin, and one of each
+    /// damaged frame skipped where its records would have been.
     fn at_end(path: PathBuf, end: End) -> Source {
         let End {
             mut lines,
@@ -348,12 +350,25 @@ impl Source {
             summarized,
             rest,
             origin,
+            damage,
         } = end;
         let mut head = parse_all(std::mem::take(&mut lines));
+        // From the back: each insertion leaves the places before it as they were.
+        let mut notices: Vec<(usize, Level, f64, String)> = damage
+            .into_iter()
+            .map(|(at, d)| {
+                let at = at.min(head.len());
+                (at, Level::Warn, t_before(&head, at), d.to_string())
+            })
+            .collect();
         if summarized > 0 {
             let at = whole_from.min(head.len());
             let (t, text) = jump_notice(&head, at, summarized);
-            let msg = Telemetry::Notice(Notice::new(Level::Info, "replay", text));
+            notices.push((at, Level::Info, t, text));
+        }
+        notices.sort_by_key(|n| n.0);
+        for (at, level, t, text) in notices.into_iter().rev() {
+            let msg = Telemetry::Notice(Notice::new(level, "replay", text));
             head.insert(at, Ok(Record::new(0.0, t, msg)));
         }
         Source {
@@ -413,11 +428,7 @@ fn jump_notice(head: &[Parsed], whole_from: usize, summarized: u64) -> (f64, Str
             Telemetry::Step(s) => Some((r.t, s.step)),
             _ => None,
         });
-    let t = head[..whole_from]
-        .iter()
-        .rev()
-        .find_map(parsed)
-        .map_or(0.0, |r| r.t);
+    let t = t_before(head, whole_from);
     match first_whole {
         Some((t, step)) => {
             let before = step.saturating_sub(start_step + 1);
@@ -440,6 +451,15 @@ fn jump_notice(head: &[Parsed], whole_from: usize, summarized: u64) -> (f64, Str
             ),
         ),
     }
+}
+
+/// The `t` of the last record before `head[at]` (0 when none).
+fn t_before(head: &[Parsed], at: usize) -> f64 {
+    head[..at]
+        .iter()
+        .rev()
+        .find_map(|p| p.as_ref().ok())
+        .map_or(0.0, |r| r.t)
 }
 
 /// The next line of `src` that is not blank; `None` at its end (for now, when followed);
@@ -494,6 +514,8 @@ struct Player {
     /// Delivering everything left at once.
     jumping: bool,
     skipped: u64,
+    /// Damaged stretches of compressed logs skipped (each said when met).
+    damaged: u64,
     /// Every log was played to its end (not followed).
     ended: bool,
 }
@@ -562,7 +584,14 @@ impl Player {
         let mut best: Option<(usize, f64)> = None;
         for i in 0..self.sources.len() {
             if self.sources[i].pending.is_none() {
-                match self.read_next(i) {
+                let read = self.read_next(i);
+                // A damaged stretch of a compressed log was skipped: said before the
+                // records after it, and the replay goes on.
+                for d in self.sources[i].lines.take_damage() {
+                    self.damaged += 1;
+                    self.notice(Level::Warn, d.to_string())?;
+                }
+                match read {
                     Read::Pending => {}
                     Read::End => continue,
                     Read::Failed(text) => {
@@ -812,7 +841,7 @@ impl Player {
         self.rebase(end);
         self.ended = true;
         self.publish();
-        let (level, text) = match self.skipped {
+        let (mut level, mut text) = match self.skipped {
             0 => (
                 Level::Info,
                 "the replay reached the end of the log".to_string(),
@@ -827,6 +856,14 @@ impl Player {
                 ),
             ),
         };
+        if self.damaged > 0 {
+            let n = self.damaged;
+            level = Level::Warn;
+            text += &format!(
+                "; {n} damaged stretch{} of the log skipped (said where met)",
+                if n == 1 { "" } else { "es" }
+            );
+        }
         self.notice(level, text)
     }
 
@@ -856,6 +893,7 @@ impl Player {
         self.position = None;
         self.total = 0.0;
         self.skipped = 0;
+        self.damaged = 0;
         let src = &self.sources[self.shown];
         let run_id = format!("{} (the log restarted)", src.path.display());
         self.out

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crossbeam_channel::{select, Receiver, RecvTimeoutError};
+use crossbeam_channel::{select, Receiver};
 use headroom_core::logfile::{compact_line, segment_path, FrameWriter};
 use headroom_core::units::fmt_count;
 use headroom_core::{Level, Notice, Record, Telemetry};
@@ -14,6 +14,8 @@ use headroom_ui::app::App;
 use headroom_ui::{replay_feed, Feed, ReplayOptions};
 
 mod support;
+
+use support::{next, text_of};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -116,6 +118,15 @@ fn app_of(recs: &[Record]) -> App {
     app
 }
 
+/// The screen's first three rows: the run's name, status and progress.
+fn header(app: &App) -> String {
+    support::screen(app, 120, 40)
+        .lines()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn notice_texts(recs: &[Record]) -> Vec<String> {
     recs.iter()
         .filter_map(|r| match &r.msg {
@@ -123,21 +134,6 @@ fn notice_texts(recs: &[Record]) -> Vec<String> {
             _ => None,
         })
         .collect()
-}
-
-fn text_of(r: &Record) -> String {
-    match &r.msg {
-        Telemetry::Notice(n) => n.text.clone(),
-        other => other.kind().to_string(),
-    }
-}
-
-fn next(rx: &Receiver<Record>, within: Duration) -> Option<String> {
-    match rx.recv_timeout(within) {
-        Ok(r) => Some(text_of(&r)),
-        Err(RecvTimeoutError::Timeout) => None,
-        Err(RecvTimeoutError::Disconnected) => Some("<disconnected>".into()),
-    }
 }
 
 fn fast() -> ReplayOptions {
@@ -316,13 +312,6 @@ fn end_on_a_compressed_log_summarises_earlier_frames_and_ends_like_the_full_repl
     assert_eq!(b.progress_line(), a.progress_line());
     assert_eq!(b.policy.last_decision, a.policy.last_decision);
     assert_eq!(b.last_eval, a.last_eval);
-    let header = |app: &App| {
-        support::screen(app, 120, 40)
-            .lines()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
     assert_eq!(header(&b), header(&a));
 }
 
@@ -440,4 +429,83 @@ fn end_on_a_jobs_compressed_logs_switches_ranks_to_the_same_end_state() {
         b.last_step.as_ref().map(|s| (s.step, s.loss)),
         app_of(&alone).last_step.as_ref().map(|s| (s.step, s.loss))
     );
+}
+
+/// The data frames of a compressed file, from its index frames: (offset, length, records).
+fn data_frames(path: &Path) -> Vec<(u64, u64, u64)> {
+    use headroom_core::logfile::index::{frame_len_from_trailer, IndexEntry};
+    let bytes = fs::read(path).unwrap();
+    let mut at = bytes.len() - frame_len_from_trailer(&bytes).unwrap() as usize;
+    let mut frames = vec![];
+    loop {
+        let e = IndexEntry::decode(&bytes[at..]).unwrap();
+        frames.push((e.data_offset, e.data_len, e.records));
+        match e.prev {
+            Some(p) => at = p as usize,
+            None => break,
+        }
+    }
+    frames.reverse();
+    frames
+}
+
+/// Overwrites 16 bytes in the middle of a data frame, as a disk error would.
+fn spoil(path: &Path, (offset, len, _): (u64, u64, u64)) {
+    let mut bytes = fs::read(path).unwrap();
+    let mid = (offset + len / 2) as usize;
+    for b in &mut bytes[mid..mid + 16] {
+        *b ^= 0xA5;
+    }
+    fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn a_damaged_frame_is_said_in_the_event_log_and_the_replay_goes_on_to_the_end() {
+    let dir = TempDir::new();
+    let recs = records(600);
+    let live = dir.0.join("run.jsonl.zst");
+    write_zst(&live, &recs, 100);
+    let frames = data_frames(&live);
+    assert!(frames.len() >= 8, "{} frames", frames.len());
+    let k = frames.len() / 2;
+    spoil(&live, frames[k]);
+    // The same log without the damaged frame's records, plain.
+    let before: u64 = frames[..k].iter().map(|f| f.2).sum();
+    let (from, to) = (before as usize, (before + frames[k].2) as usize);
+    let kept: Vec<Record> = [&recs[..from], &recs[to..]].concat();
+    let plain = dir.0.join("plain.jsonl");
+    write_plain(&plain, &kept);
+
+    let got = drain(&replay_feed(&live, fast()).unwrap());
+    let said = notice_texts(&got);
+    let damaged: Vec<&String> = said.iter().filter(|t| t.contains("damaged")).collect();
+    assert_eq!(damaged.len(), 2, "{said:?}");
+    let at = format!("damaged data at byte {}", frames[k].0);
+    assert!(damaged[0].contains(&at), "{}", damaged[0]);
+    assert!(
+        damaged[0].contains("its 100 records lost"),
+        "{}",
+        damaged[0]
+    );
+    assert_eq!(
+        said.last().map(String::as_str),
+        Some(
+            "the replay reached the end of the log; 1 damaged stretch of the log skipped \
+             (said where met)"
+        )
+    );
+    // Every other record, in the log's order.
+    let records: Vec<&Record> = got
+        .iter()
+        .filter(|r| !matches!(&r.msg, Telemetry::Notice(n) if n.source == "replay"))
+        .collect();
+    assert_eq!(records.len(), kept.len());
+    let (a, b) = (
+        app_of(&drain(&replay_feed(&plain, fast()).unwrap())),
+        app_of(&got),
+    );
+    assert_eq!(b.last_step.as_ref().map(|s| s.step), Some(600));
+    assert_eq!(header(&b), header(&a));
+    let screen = support::screen(&b, 120, 40);
+    assert!(screen.contains("damaged data at byte"), "{screen}");
 }

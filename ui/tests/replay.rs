@@ -6,11 +6,12 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError};
 use headroom_core::{Level, Notice, Record, StepMetrics, Telemetry};
 use headroom_ui::{replay_feed, Control, Feed, Link, ReplayControl, ReplayOptions};
 
 mod support;
+
+use support::{next, text_of};
 
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -64,21 +65,6 @@ fn step(t: f64, n: u64) -> String {
         ..support::step(n, 4)
     });
     Record::new(0.0, t, msg).to_line() + "\n"
-}
-
-fn text_of(r: &Record) -> String {
-    match &r.msg {
-        Telemetry::Notice(n) => n.text.clone(),
-        other => other.kind().to_string(),
-    }
-}
-
-fn next(rx: &Receiver<Record>, within: Duration) -> Option<String> {
-    match rx.recv_timeout(within) {
-        Ok(r) => Some(text_of(&r)),
-        Err(RecvTimeoutError::Timeout) => None,
-        Err(RecvTimeoutError::Disconnected) => Some("<disconnected>".into()),
-    }
 }
 
 fn control(feed: &Feed, c: ReplayControl) {

@@ -13,7 +13,8 @@ pub enum ViewCommand {
     /// Open the dashboard on a run's JSONL log (read-only): play, pause, step, jump
     Replay(ReplayArgs),
     /// Print a run's log as plain JSONL on stdout, a compressed (.zst) or rotated one too
-    /// (its segments first, in order): `headroom cat run.jsonl.zst | jq …`
+    /// (its segments first, in order): `headroom cat run.jsonl.zst | jq …`. A damaged
+    /// stretch of a compressed log is skipped and said on stderr; the exit status is then 2
     Cat(CatArgs),
 }
 

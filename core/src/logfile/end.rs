@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use zstd::bulk::Decompressor;
 
+use super::damage::{Damage, Lost};
 use super::index::{frame_len_from_trailer, IndexEntry, TAG};
 use super::names::{chain, is_compressed};
 use super::read::{ChainLines, Line, Origin};
@@ -39,6 +40,9 @@ pub struct End {
     pub rest: ChainLines,
     /// Where `rest` started: a reader from here reads what `rest` reads.
     pub origin: Origin,
+    /// Damaged frames skipped, each with the index in `lines` where its records would
+    /// have been.
+    pub damage: Vec<(usize, Damage)>,
 }
 
 /// A data frame of a file, as its index frame describes it.
@@ -51,7 +55,11 @@ struct Framed {
 /// What one file of the chain contributes.
 enum Piece {
     /// Indexed frames, oldest first.
-    Indexed { file: File, frames: Vec<Framed> },
+    Indexed {
+        file: File,
+        name: PathBuf,
+        frames: Vec<Framed>,
+    },
     /// A file read whole (no usable index).
     Whole(PathBuf),
 }
@@ -105,25 +113,34 @@ pub fn open_at_end_keeping(path: &Path, keep: u64) -> io::Result<End> {
     let mut lines = Vec::new();
     let mut whole_from = 0;
     let mut summarized = 0;
+    let mut damage = Vec::new();
     let mut n = 0usize;
     for p in pieces {
         match p {
             Piece::Whole(name) => {
                 let mut reader = ChainLines::file(&name, 0)?;
-                while let Line::Whole(line) = reader.next_line()? {
-                    lines.push(line);
+                loop {
+                    let line = reader.next_line()?;
+                    damage.extend(reader.take_damage().into_iter().map(|d| (lines.len(), d)));
+                    match line {
+                        Line::Whole(line) => lines.push(line),
+                        Line::End => break,
+                    }
                 }
                 lines.extend(reader.rest());
                 whole_from = lines.len();
             }
-            Piece::Indexed { file, frames } => {
+            Piece::Indexed { file, name, frames } => {
                 for f in frames {
                     if n < first_whole {
                         summarized += f.entry.records;
                         lines.extend(f.summary);
                         whole_from = lines.len();
                     } else {
-                        lines.extend(data_lines(&file, &f.entry)?);
+                        match data_lines(&file, &name, &f.entry)? {
+                            Ok(whole) => lines.extend(whole),
+                            Err(d) => damage.push((lines.len(), d)),
+                        }
                     }
                     n += 1;
                 }
@@ -136,6 +153,7 @@ pub fn open_at_end_keeping(path: &Path, keep: u64) -> io::Result<End> {
         summarized,
         rest,
         origin,
+        damage,
     })
 }
 
@@ -180,11 +198,19 @@ fn piece(name: &Path, live: Option<File>) -> io::Result<(Piece, u64)> {
         // A closed segment ends with its last index: anything after it is read whole.
         .filter(|(_, open_from)| is_live || *open_from == len);
     match found {
-        Some((frames, open_from)) => Ok((Piece::Indexed { file, frames }, open_from)),
+        Some((frames, open_from)) => Ok((
+            Piece::Indexed {
+                file,
+                name: name.to_path_buf(),
+                frames,
+            },
+            open_from,
+        )),
         // The live file read whole is read by the reader that goes on from it.
         None if is_live => Ok((
             Piece::Indexed {
                 file,
+                name: name.to_path_buf(),
                 frames: vec![],
             },
             0,
@@ -213,7 +239,7 @@ fn indexes(file: &File, len: u64) -> Option<(Vec<Framed>, u64)> {
         if p >= at {
             return None;
         }
-        let e = index_at(file, p)?;
+        let e = IndexEntry::read_from(file, p)?;
         at = p;
         entry = e;
         if entry.data_offset + entry.data_len != at {
@@ -223,16 +249,6 @@ fn indexes(file: &File, len: u64) -> Option<(Vec<Framed>, u64)> {
     frames.reverse();
     // The first frame starts the file: frames before it would be lost.
     (frames[0].entry.data_offset == 0).then_some((frames, open_from))
-}
-
-/// The index frame starting at `at`.
-fn index_at(file: &File, at: u64) -> Option<IndexEntry> {
-    let mut head = [0u8; 8];
-    file.read_exact_at(&mut head, at).ok()?;
-    let size = u32::from_le_bytes(head[4..8].try_into().ok()?) as usize;
-    let mut frame = vec![0u8; 8 + size];
-    file.read_exact_at(&mut frame, at).ok()?;
-    IndexEntry::decode(&frame)
 }
 
 /// The last index frame (where it starts, and it) and the offset after it; no frame but
@@ -255,7 +271,7 @@ fn last_index(file: &File, len: u64) -> Option<(Option<(u64, IndexEntry)>, u64)>
             if let Some(start) = stop_at.checked_sub(flen) {
                 let entry = match start.checked_sub(from) {
                     Some(i) => IndexEntry::decode(&tail[i as usize..stop]),
-                    None => index_at(file, start),
+                    None => IndexEntry::read_from(file, start),
                 };
                 if let Some(e) = entry.filter(|e| e.data_offset + e.data_len == start) {
                     return Some((Some((start, e)), stop_at));
@@ -297,11 +313,37 @@ fn summary(e: &IndexEntry, unpack: &mut Decompressor<'static>) -> io::Result<Vec
     Ok(out)
 }
 
-/// Every record of a data frame.
-fn data_lines(file: &File, e: &IndexEntry) -> io::Result<Vec<String>> {
+/// Every record of a data frame, or why none is (a damaged frame: skipped whole, as the
+/// reader of the whole log skips it).
+fn data_lines(file: &File, name: &Path, e: &IndexEntry) -> io::Result<Result<Vec<String>, Damage>> {
     let mut frame = vec![0u8; e.data_len as usize];
-    file.read_exact_at(&mut frame, e.data_offset)?;
-    Ok(lines_of(&zstd::stream::decode_all(&frame[..])?))
+    file.read_exact_at(&mut frame, e.data_offset)
+        .map_err(|err| named(name, err))?;
+    let error = match zstd::stream::decode_all(&frame[..]) {
+        Ok(text) => {
+            let lines = text.iter().filter(|&&b| b == b'\n').count() as u64;
+            if lines == e.records {
+                return Ok(Ok(lines_of(&text)));
+            }
+            format!(
+                "it decodes to {lines} lines where its index says {}",
+                e.records
+            )
+        }
+        Err(err) => err.to_string(),
+    };
+    Ok(Err(Damage {
+        file: name.to_path_buf(),
+        offset: e.data_offset,
+        resumed: Some(e.data_offset + e.data_len),
+        lost: Some(Lost {
+            records: e.records,
+            of: e.records,
+            t_first: e.t_first,
+            t_last: e.t_last,
+        }),
+        error,
+    }))
 }
 
 fn lines_of(text: &[u8]) -> Vec<String> {
@@ -392,14 +434,20 @@ mod tests {
         assert_eq!(rest_of(&mut end), later);
     }
 
-    #[test]
-    fn a_damaged_index_reads_the_file_whole() {
+    /// A closed log of records `0..500`, a frame every 100, and its bytes.
+    fn log_of_500() -> (tempfile::TempDir, PathBuf, Vec<u8>) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("run.jsonl.zst");
         let mut w = FrameWriter::new(File::create(&path).unwrap()).unwrap();
         write(&mut w, 0, 500);
         w.finish().unwrap();
-        let mut bytes = std::fs::read(&path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        (dir, path, bytes)
+    }
+
+    #[test]
+    fn a_damaged_index_reads_the_file_whole() {
+        let (_dir, path, mut bytes) = log_of_500();
         // The third index frame's `prev`: the walk back no longer holds together.
         let third = bytes
             .windows(4)
@@ -415,5 +463,29 @@ mod tests {
         assert_eq!(end.summarized, 0);
         let all: Vec<String> = (0..500).map(|i| compact_line(&rec(i))).collect();
         assert_eq!(rest_of(&mut end), all);
+    }
+
+    #[test]
+    fn a_damaged_frame_at_the_end_is_skipped_and_said() {
+        let (_dir, path, mut bytes) = log_of_500();
+        let (frames, _) = indexes(&File::open(&path).unwrap(), bytes.len() as u64).unwrap();
+        let fourth = &frames[3].entry;
+        let mid = (fourth.data_offset + fourth.data_len / 2) as usize;
+        for b in &mut bytes[mid..mid + 16] {
+            *b ^= 0xA5;
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        let mut end = open_at_end_keeping(&path, 250).unwrap();
+        assert_eq!(end.summarized, 200);
+        let whole: Vec<String> = (200..300)
+            .chain(400..500)
+            .map(|i| compact_line(&rec(i)))
+            .collect();
+        assert_eq!(end.lines[end.whole_from..], whole[..]);
+        assert_eq!(end.damage.len(), 1);
+        let (at, d) = &end.damage[0];
+        assert_eq!((*at, d.offset), (end.whole_from + 100, fourth.data_offset));
+        assert_eq!(d.lost.as_ref().map(|l| l.records), Some(100));
+        assert!(rest_of(&mut end).is_empty());
     }
 }

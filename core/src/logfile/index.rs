@@ -2,6 +2,8 @@
 //! frame is, the previous index, and the frame's rare records (`events`) and one record
 //! per high-rate kind (`digest`), each a zstd frame of JSONL. A zstd *skippable* frame, so
 //! `zstdcat` passes over it; the layout is docs/LOG_SCHEMA.md's table.
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 
 /// The skippable-frame magic of headroom's index frames (zstd reserves 0x184D2A50..5F).
 pub const SKIPPABLE_MAGIC: u32 = 0x184D_2A5E;
@@ -88,6 +90,19 @@ impl IndexEntry {
             events: frame[events_at..digest_at].to_vec(),
             digest: frame[digest_at..digest_at + digest_len].to_vec(),
         })
+    }
+
+    /// The index frame starting at `at` in `file`; `None` where there is none.
+    pub fn read_from(file: &File, at: u64) -> Option<IndexEntry> {
+        let mut head = [0u8; 8];
+        file.read_exact_at(&mut head, at).ok()?;
+        if u32::from_le_bytes(head[..4].try_into().ok()?) != SKIPPABLE_MAGIC {
+            return None;
+        }
+        let size = u32::from_le_bytes(head[4..8].try_into().ok()?) as usize;
+        let mut frame = vec![0u8; 8 + size];
+        file.read_exact_at(&mut frame, at).ok()?;
+        IndexEntry::decode(&frame)
     }
 
     /// The whole frame's length in bytes (magic and size included).

@@ -4,6 +4,7 @@
 //! truth. Writing policy (when to flush, when to rotate) is the log writer's
 //! (host/src/logger.rs); reading is the replay's.
 pub mod compact;
+pub mod damage;
 pub mod end;
 pub mod index;
 pub mod names;
@@ -12,6 +13,7 @@ pub mod rotate;
 pub mod write;
 
 pub use compact::{compact_line, compact_value};
+pub use damage::Damage;
 pub use index::IndexEntry;
 pub use names::{chain, is_compressed, segment_path, segments};
 pub use rotate::Rotate;

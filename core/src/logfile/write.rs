@@ -34,11 +34,15 @@ fn zstd_error(code: usize) -> io::Error {
 }
 
 impl Zstd {
-    fn new() -> io::Result<Zstd> {
+    /// `checksum`: each frame ends with a checksum of its content (4 bytes), so that a
+    /// reader tells a damaged frame from one that only decodes to other bytes.
+    fn new(checksum: bool) -> io::Result<Zstd> {
         let mut cctx = zstd_safe::CCtx::try_create().ok_or_else(|| {
             io::Error::new(io::ErrorKind::OutOfMemory, "no memory for a zstd context")
         })?;
         cctx.set_parameter(zstd_safe::CParameter::CompressionLevel(LEVEL))
+            .map_err(zstd_error)?;
+        cctx.set_parameter(zstd_safe::CParameter::ChecksumFlag(checksum))
             .map_err(zstd_error)?;
         Ok(Zstd {
             cctx,
@@ -131,8 +135,8 @@ impl<W: Write> FrameWriter<W> {
         Ok(FrameWriter {
             file,
             written: 0,
-            data: Zstd::new()?,
-            index: Zstd::new()?,
+            data: Zstd::new(true)?,
+            index: Zstd::new(false)?,
             open: false,
             frame: Frame::default(),
             last_index: None,

@@ -4,7 +4,10 @@
 
 pub mod synthetic;
 
-use headroom_core::{RunConfig, RunInfo, StepMetrics};
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use headroom_core::{Record, RunConfig, RunInfo, StepMetrics, Telemetry};
 use headroom_ui::app::App;
 use headroom_ui::view::render;
 use ratatui::backend::TestBackend;
@@ -63,5 +66,23 @@ pub fn step(n: u64, micro_batch: usize) -> StepMetrics {
         effective_batch: 32,
         seq_len: 64,
         tokens_seen: n * 2048,
+    }
+}
+
+/// What a record says, for comparing a replay's order: a notice's text, else its kind.
+pub fn text_of(r: &Record) -> String {
+    match &r.msg {
+        Telemetry::Notice(n) => n.text.clone(),
+        other => other.kind().to_string(),
+    }
+}
+
+/// The next record on `rx` within `within`, as [`text_of`] says it; `None` when none
+/// came, `<disconnected>` when the replay ended.
+pub fn next(rx: &Receiver<Record>, within: Duration) -> Option<String> {
+    match rx.recv_timeout(within) {
+        Ok(r) => Some(text_of(&r)),
+        Err(RecvTimeoutError::Timeout) => None,
+        Err(RecvTimeoutError::Disconnected) => Some("<disconnected>".into()),
     }
 }
