@@ -20,7 +20,13 @@ fn vm_data() -> u64 {
 }
 
 /// Fills the cap: from here on the kernel gives no new private memory.
+///
+/// libtest's main thread registers a thread-local destructor the first time it blocks for
+/// the test's result (glibc mallocs for it), and on a busy machine that can come after the
+/// test thread got here: under a full cap that malloc aborts the child ("failed to register
+/// TLS destructor: out of memory", 1 run in 5 under load). It is given time to block first.
 fn fill_cap() {
+    std::thread::sleep(std::time::Duration::from_millis(300));
     let lim = libc::rlimit {
         rlim_cur: vm_data(),
         rlim_max: libc::RLIM_INFINITY,
