@@ -151,6 +151,17 @@ def live_records(log: Path, kind: str | None = None) -> list[dict]:
     return [r for r in found if kind is None or r["kind"] == kind]
 
 
+def leave(code: int) -> None:
+    """A rank script's end, once its process groups are destroyed and its results written:
+    out without the interpreter's teardown, where a gloo group's threads can still abort
+    the process ("terminate called without an active exception", pytorch#190489; seen in
+    the FSDP2 capped job and Lightning's ModelParallelStrategy, after every file was
+    written). The tests judge the files, not that teardown."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def injection_plan(spec: str, rank: int) -> dict[int, str]:
     """The rank scripts' `--inject RANK:POINT@STEP,POINT@STEP...`: this rank's points by
     step (empty for the other ranks)."""

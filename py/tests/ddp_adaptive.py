@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import torch.distributed as dist
 import headroom
 from headroom import _native, _torch
 
-from conftest import FailInBackward, TinyGPT, die_with_parent, injection_plan, say
+from conftest import FailInBackward, TinyGPT, die_with_parent, injection_plan, leave, say
 
 
 def main() -> int:
@@ -171,4 +170,4 @@ def main() -> int:
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
-    sys.exit(main())
+    leave(main())

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from torch.distributed.fsdp import fully_shard
 import headroom
 from headroom import _fsdp, _native, _torch
 
-from conftest import FailInBackward, TinyGPT, die_with_parent, injection_plan, say
+from conftest import FailInBackward, TinyGPT, die_with_parent, injection_plan, leave, say
 
 
 def main() -> int:
@@ -189,4 +188,4 @@ def main() -> int:
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
-    sys.exit(main())
+    leave(main())
