@@ -511,6 +511,27 @@ def measure(shape: str, device: str, micro: int | None, iters: int) -> None:
 # ---- the table ------------------------------------------------------------------------
 
 
+MS = (1, 4, 16)  # the micro-batches per step the tables show
+
+
+def print_table(built, head_cells: str, cell, lost, comm: bool) -> None:
+    """One table: a row per model and interconnect, a cell per m in MS, and the largest m
+    (up to 256) at which `lost(row)` still passes 1%."""
+    head = f"{'model':11} {'interconnect':47} {head_cells} | lost>1% up to m"
+    print(head)
+    print("-" * len(head))
+    for s, params, flops_tok in built:
+        for link in LINKS:
+            rows = [model_rows(s, params, flops_tok, link, m) for m in MS]
+            cells = " | ".join(cell(r) for r in rows)
+            upto = 0
+            for m in range(1, 257):
+                if lost(model_rows(s, params, flops_tok, link, m)) > 0.01:
+                    upto = m
+            first = f"{rows[0].comm_ms:5.2f}ms | " if comm else "| "
+            print(f"{s.name:11} {link.name:47} {first}{cells} | {upto if upto < 256 else '>256'}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--iters", type=int, default=10, help="timed iterations measured")
@@ -552,54 +573,30 @@ def main() -> int:
         f"8 GPUs, {MFU:.0%} MFU of {PEAK_FLOPS / 1e12:.0f} TFLOP/s, HBM copies at "
         f"{HBM / 1e12:.2f} TB/s; shares are of plain DDP's step"
     )
-    head = (
-        f"{'model':11} {'interconnect':47} {'comm':>7} | "
-        + " | ".join(f"m={m:<2} step   plain  headroom  lost" for m in (1, 4, 16))
-        + " | lost>1% up to m"
+    print_table(
+        built,
+        f"{'comm':>7} | " + " | ".join(f"m={m:<2} step   plain  headroom  lost" for m in MS),
+        lambda r: (
+            f"{r.step_ms:8.1f}ms {r.plain_ms / r.step_ms:6.1%} {r.headroom_ms / r.step_ms:7.1%}"
+            f" {r.lost:6.1%}"
+        ),
+        lambda r: r.lost,
+        comm=True,
     )
-    print(head)
-    print("-" * len(head))
-    for s, params, flops_tok in built:
-        for link in LINKS:
-            rows = [model_rows(s, params, flops_tok, link, m) for m in (1, 4, 16)]
-            cells = " | ".join(
-                f"{r.step_ms:8.1f}ms {r.plain_ms / r.step_ms:6.1%} {r.headroom_ms / r.step_ms:7.1%}"
-                f" {r.lost:6.1%}"
-                for r in rows
-            )
-            upto = 0
-            for m in range(1, 257):
-                if model_rows(s, params, flops_tok, link, m).lost > 0.01:
-                    upto = m
-            print(
-                f"{s.name:11} {link.name:47} {rows[0].comm_ms:5.2f}ms | {cells} | "
-                f"{upto if upto < 256 else '>256'}"
-            )
     print()
     print(
         "Overlapped (headroom._overlap, built since): plain DDP's exposed share / the "
         "overlapped design's / what it still loses"
     )
-    head = (
-        f"{'model':11} {'interconnect':47} | "
-        + " | ".join(f"m={m:<2}  plain  overlapped  lost" for m in (1, 4, 16))
-        + " | lost>1% up to m"
+    print_table(
+        built,
+        "| " + " | ".join(f"m={m:<2}  plain  overlapped  lost" for m in MS),
+        lambda r: (
+            f"{r.plain_ms / r.step_ms:10.1%} {r.overlapped_ms / r.step_ms:10.1%} {r.lost_now:6.2%}"
+        ),
+        lambda r: r.lost_now,
+        comm=False,
     )
-    print(head)
-    print("-" * len(head))
-    for s, params, flops_tok in built:
-        for link in LINKS:
-            rows = [model_rows(s, params, flops_tok, link, m) for m in (1, 4, 16)]
-            cells = " | ".join(
-                f"{r.plain_ms / r.step_ms:10.1%} {r.overlapped_ms / r.step_ms:10.1%} "
-                f"{r.lost_now:6.2%}"
-                for r in rows
-            )
-            upto = 0
-            for m in range(1, 257):
-                if model_rows(s, params, flops_tok, link, m).lost_now > 0.01:
-                    upto = m
-            print(f"{s.name:11} {link.name:47} | {cells} | {upto}")
     print()
     print("headroom's time after the last backward, by part (the same at every m):")
     for s, params, _ in built:

@@ -46,6 +46,10 @@ def reference(
     return model.state_dict()
 
 
+# An out-of-memory error at every point of a step, one step each (the rank scripts'
+# --inject points; the optimizer's state exists after step 1).
+EVERY_POINT = "optimizer-state@1,forward-middle@2,backward-first@3,backward-last@4"
+
 # A parameter's largest difference from the one-process reference's (float32 rounding of
 # the all-reduce's sums and the micro-batches').
 TOL = 1e-6
@@ -63,7 +67,7 @@ def test_ooms_on_one_rank_at_every_point_are_recovered_by_the_job(
     launched while the last backward still runs (the out-of-memory error in it strikes
     after some have gone); with DDP's default, in one after it."""
     steps, per_rank = 5, 12
-    inject = f"{rank}:optimizer-state@1,forward-middle@2,backward-first@3,backward-last@4"
+    inject = f"{rank}:{EVERY_POINT}"
     job = torchrun(
         world,
         "ddp_adaptive.py",

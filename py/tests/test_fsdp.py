@@ -14,7 +14,14 @@ import time
 
 import pytest
 import torch
-from test_ddp import TOL, _pids, _wait_for_steps, reference, sigterm_in_a_long_step
+from test_ddp import (
+    EVERY_POINT,
+    TOL,
+    _pids,
+    _wait_for_steps,
+    reference,
+    sigterm_in_a_long_step,
+)
 
 from conftest import TinyGPT, assert_params_close, finish, kinds, torchrun, wait
 
@@ -41,7 +48,7 @@ def test_ooms_on_one_rank_at_every_point_are_recovered_by_every_rank(
     """With the unsharded gradients held until the last micro-batch (what "auto" chooses
     for this small model) and with a reduce-scatter after every micro-batch."""
     steps, per_rank = 5, 12
-    inject = f"{rank}:optimizer-state@1,forward-middle@2,backward-first@3,backward-last@4"
+    inject = f"{rank}:{EVERY_POINT}"
     job = torchrun(
         world,
         "fsdp_adaptive.py",
@@ -123,7 +130,7 @@ def test_one_process_with_fsdp2_recovers_ooms_at_every_point_and_learns_the_same
         "--micro",
         "4",
         "--inject",
-        "0:optimizer-state@1,forward-middle@2,backward-first@3,backward-last@4",
+        f"0:{EVERY_POINT}",
         "--out",
         str(tmp_path),
     )

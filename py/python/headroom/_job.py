@@ -190,8 +190,9 @@ class JobRank:
     # ---- DDP: the gradients' all-reduce overlapped with the last backward (_overlap) ---
 
     def _overlapped(self) -> bool:
-        job = self._job
-        return job is not None and job.fsdp is None and job.overlap is not None
+        """A DDP job's gradients are all-reduced during the last backward (a job under
+        FSDP2 never has an overlap)."""
+        return self._job is not None and self._job.overlap is not None
 
     def _before_last_backward(self, step: int, done: int, samples: int) -> None:
         """This rank's last micro-batch of the step has run its forward: the ranks agree

@@ -635,7 +635,7 @@ class Run(StopSignals, JobRank):
                     loss = loss_fn(cut(batch, start, end))
                 _args.micro_batch_loss(loss, step, start, end)
                 weight = (end - start) / n if reduction == "mean" else 1.0
-                if end == n and self._job is not None and self._overlapped():
+                if end == n and self._overlapped():
                     self._before_last_backward(step, start, n)
                     overlapped = True
                 in_backward = True
