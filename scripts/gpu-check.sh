@@ -25,7 +25,7 @@
 #       # for overhead and telemetry, which `all` leaves out. Without the wheels, hf and
 #       # lightning are SKIP lines unless the device's Python has the frameworks itself.
 #   (on the GPU machine)  OUT=$OUT bash scripts/gpu-check.sh all
-#                         OUT=$OUT bash scripts/gpu-check.sh info|run|oom|ramp|dash|fidelity|overhead|telemetry|nvml|py-oom|py-dash|levers|plan|keys|oom-snapshot|py-levers|py-eval|py-alloc|py-snapshot|hints|hf|lightning|ddp-nccl|fsdp-nccl|hardcap ...
+#                         OUT=$OUT bash scripts/gpu-check.sh info|run|oom|ramp|dash|fidelity|overhead|telemetry|nvml|py-oom|py-dash|levers|plan|keys|oom-snapshot|py-levers|py-eval|py-alloc|py-snapshot|hints|hf|hf-fsdp|lightning|ddp-nccl|fsdp-nccl|hardcap ...
 #
 # (Use the lent machine's own $OUT, whose files come back; OUT=out keeps them there.) The
 # command runs in the repository root, so the carried files are at $ROOT/target/gpu/. The
@@ -40,8 +40,8 @@
 # logs (the device's Python parses them). Checkpoints and the frameworks' install go to
 # $WORK (a scratch folder, removed at the end): a 86M-parameter checkpoint is 1 GiB.
 #
-# `all` runs info levers py-levers py-eval plan keys oom-snapshot py-alloc py-snapshot hints hf lightning
-# ddp-nccl fsdp-nccl hardcap, then run fidelity nvml, within ALL_BUDGET seconds (450; every timeout
+# `all` runs info levers py-levers py-eval plan keys oom-snapshot py-alloc py-snapshot hints hf hf-fsdp
+# lightning ddp-nccl fsdp-nccl hardcap, then run fidelity nvml, within ALL_BUDGET seconds (450; every timeout
 # is cut to what is left, and a section that no longer fits is a SKIP line), with run at
 # RUN_STEPS=10 and nvml at NVML_STEPS=12 steps. It leaves out oom ramp dash overhead
 # telemetry py-oom py-dash (each over a minute; a SKIP line says why): name them to run them.
@@ -142,7 +142,7 @@ imports() {
 # The sections `all` runs, in order, and those it leaves out with the reason.
 # What never ran on a GPU comes first; run, fidelity and nvml (passed on the first loan)
 # come last, so that a slow machine spends the budget on the new paths.
-ALL=(info levers py-levers py-eval plan keys oom-snapshot py-alloc py-snapshot hints hf lightning ddp-nccl fsdp-nccl hardcap run fidelity nvml)
+ALL=(info levers py-levers py-eval plan keys oom-snapshot py-alloc py-snapshot hints hf hf-fsdp lightning ddp-nccl fsdp-nccl hardcap run fidelity nvml)
 NOT_IN_ALL=(oom ramp dash overhead telemetry py-oom py-dash)
 left_out() {
   case "$1" in
@@ -358,10 +358,18 @@ class Samples(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
+# HF_FSDP=1 (the hf-fsdp section, under torchrun): the Trainer's own FSDP2, each block a
+# unit; accelerate picks FSDP by itself here, as it does not on the CPU.
+fsdp = os.environ.get("HF_FSDP") == "1"
+sharding = dict(
+    fsdp="full_shard",
+    fsdp_config={"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["GPT2Block"]},
+    ddp_backend="nccl",
+) if fsdp else {}
 args = transformers.TrainingArguments(
     output_dir=out, per_device_train_batch_size=batch, max_steps=steps, learning_rate=1e-3,
     optim="adamw_torch", logging_steps=1, save_strategy="no", report_to=[],
-    dataloader_num_workers=0, seed=0, disable_tqdm=True,
+    dataloader_num_workers=0, seed=0, disable_tqdm=True, **sharding,
 )
 trainer = transformers.Trainer(model=model, args=args, train_dataset=Samples(batch * steps))
 headroom.hf.adapt(
@@ -376,6 +384,8 @@ with open(result, "w") as f:
             "batch": batch,
             "device": str(next(model.parameters()).device),
             "version": transformers.__version__,
+            "distributed": str(trainer.accelerator.distributed_type),
+            "fsdp2": type(trainer.model_wrapped).__name__.startswith("FSDP"),
         },
         f,
     )
@@ -1129,6 +1139,16 @@ def framework(name, package, result):
     return check(ok and res["global_step"] == res["max_steps"] == len(mem), text)
 
 
+def hf_fsdp():
+    text = framework("hf-fsdp", "transformers", "hf-fsdp.result.json")
+    res = json.loads((OUT / "hf-fsdp.result.json").read_text())
+    check(
+        res["fsdp2"] and res["distributed"].endswith("FSDP"),
+        f"the Trainer's model is not FSDP2 ({res['distributed']}): accelerate did not shard it; {text}",
+    )
+    return f"{text}; the Trainer's FSDP2 root gated under torchrun"
+
+
 def ddp_nccl():
     p = OUT / "ddp" / "done-rank0.json"
     check(p.exists(), f"rank 0 did not finish (exit {rc('ddp-nccl')}): {tail('ddp/torchrun.out', 2)}")
@@ -1234,6 +1254,7 @@ SECTIONS = {
     "py-oom": py_oom, "levers": levers, "plan": plan, "keys": keys,
     "oom-snapshot": oom_snapshot, "py-alloc": py_alloc, "py-snapshot": py_snapshot,
     "hints": hints, "hf": lambda: framework("hf", "transformers", "hf.result.json"),
+    "hf-fsdp": hf_fsdp,
     "lightning": lambda: framework("lightning", "lightning", "lightning.result.json"),
     "ddp-nccl": ddp_nccl, "fsdp-nccl": fsdp_nccl, "hardcap": hardcap, "py-levers": py_levers, "py-eval": py_eval,
 }
@@ -1509,6 +1530,18 @@ PY
         "$OUT/hf.jsonl" "$WORK/hf" "$OUT/hf.result.json" > "$OUT/hf.out" 2>&1
       ran hf; tail -5 "$OUT/hf.out"
       summarize hf "$FW_FROM"
+      ;;
+    hf-fsdp)
+      # The same Trainer with its own FSDP2 (fsdp_config fsdp_version 2) under torchrun at
+      # world size 1 with NCCL (issue 31): the FSDP root gated, a real CUDA OOM recovered.
+      section hf-fsdp; have_py hf-fsdp && need 45 hf-fsdp || continue
+      imports hf-fsdp transformers, accelerate, headroom.hf || continue
+      HF_FSDP=1 NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo} PYTHONPATH=$PYP${FW_PATH:+:$FW_PATH} \
+        timeout "$(tmo 150)" "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 \
+        "$WORK/py/hf_cuda.py" "$OUT/hf-fsdp.jsonl" "$WORK/hf-fsdp" "$OUT/hf-fsdp.result.json" \
+        > "$OUT/hf-fsdp.out" 2>&1
+      ran hf-fsdp; tail -5 "$OUT/hf-fsdp.out"
+      summarize hf-fsdp "$FW_FROM"
       ;;
     lightning)
       # headroom.lightning.Adaptive on one GPU: loader batch PL_BATCH (512) past PL_BUDGET

@@ -87,3 +87,30 @@ def training_args(out, **kw):
     )
     base.update(kw)
     return transformers.TrainingArguments(**base)
+
+
+def fsdp_on_the_cpu() -> None:
+    """Lets the Trainer's FSDP run on the CPU, as it runs on GPUs. accelerate decides a
+    job's kind from its device alone: on the CPU (MULTI_CPU) it drops the FSDP plugin the
+    Trainer passes and trains DDP. Here the state keeps the plugin and says FSDP, the kind
+    a GPU job gets; everything after (accelerate's fully_shard of the model, its FSDP2
+    clipping and DCP checkpoints, the Trainer's loop) is the real code, on gloo.
+    scripts/gpu-check.sh hf-fsdp runs the same without this on a GPU."""
+    import accelerate.state
+    from accelerate.utils import DistributedType
+
+    cls = accelerate.state.AcceleratorState
+    if getattr(cls, "_headroom_fsdp_on_cpu", False):
+        return
+    init = cls.__init__
+
+    def patched(self, *args, fsdp_plugin=None, **kwargs):
+        init(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            self.distributed_type = DistributedType.FSDP
+            self.fsdp_plugin = fsdp_plugin
+            # As accelerate's own FSDP branch does: a later AcceleratorState() copies it.
+            accelerate.state.PartialState._shared_state["distributed_type"] = self.distributed_type
+
+    cls.__init__ = patched
+    cls._headroom_fsdp_on_cpu = True

@@ -204,15 +204,22 @@ def test_the_adaptive_trainer_recovers_a_real_oom_under_a_hard_cap(tmp_path):
     assert records(log)[-1]["kind"] == "finished"
 
 
+@pytest.mark.parametrize("kind", ["ddp", "fsdp2"])
 def test_the_adaptive_trainer_under_torchrun_learns_what_one_process_with_the_global_batch_does(
-    tmp_path,
+    tmp_path, kind
 ):
-    """Two ranks of the Trainer's own DDP (gloo), each cutting its per-device batch of 8
-    into micro-batches, rank 1 running out of memory twice: rank 0's parameters equal a
-    single-process Trainer's with the whole global batch (16) per device."""
+    """Two ranks of the Trainer's own DDP (gloo), or its FSDP2 (accelerate's fully_shard:
+    each block a unit, the tied embedding and head one unit of three modules, the model
+    the root), each cutting its per-device batch of 8 into micro-batches, rank 1 running
+    out of memory in forwards (inside the embedding's unit) and, under FSDP2, in a
+    backward between two blocks' units: the (gathered) parameters equal a
+    single-process Trainer's with the whole global batch (16) per device; under FSDP2 the
+    Trainer's own sharded checkpoints are written during the adapted run and hold the
+    model the job ends with."""
     from hf_ddp import ddp_args
 
-    job = torchrun(2, "hf_ddp.py", "--out", str(tmp_path))
+    flags = ["--fsdp", "--oom-in-backward-at", "3"] if kind == "fsdp2" else []
+    job = torchrun(2, "hf_ddp.py", "--out", str(tmp_path), *flags)
     finish(job, timeout=300)
     model_ref = tiny_gpt2()
     args = ddp_args(per_device=16)
@@ -221,14 +228,34 @@ def test_the_adaptive_trainer_under_torchrun_learns_what_one_process_with_the_gl
         model=model_ref, args=training_args(tmp_path / "ref", **args), train_dataset=Samples(96)
     )
     ref_out = ref.train()
+    ooms = 3 if kind == "fsdp2" else 2
     for r in range(2):
         done = json.loads((tmp_path / f"done-rank{r}.json").read_text())
         assert done["steps"] == 3, done
         log = tmp_path / f"rank{r}.jsonl"
-        assert len(kinds(log, "oom")) == (2 if r == 1 else 0), kinds(log, "oom")
+        assert len(kinds(log, "oom")) == (ooms if r == 1 else 0), kinds(log, "oom")
         assert kinds(log, "finished"), f"rank {r} did not finish"
     rows = kinds(tmp_path / "rank0.jsonl", "job_ranks")
     assert rows and all(len(r["ranks"]) == 2 for r in rows), rows
-    assert rows[-1]["ranks"][1]["ooms"] == 2, rows[-1]
+    assert rows[-1]["ranks"][1]["ooms"] == ooms, rows[-1]
     assert abs(done["loss"] - ref_out.training_loss) <= 1e-4 * abs(ref_out.training_loss)
-    assert_params_close(torch.load(tmp_path / "params.pt"), _params(model_ref), TOL)
+    params = torch.load(tmp_path / "params.pt")
+    assert_params_close(params, _params(model_ref), TOL)
+    if kind == "fsdp2":
+        started = kinds(tmp_path / "rank0.jsonl", "notice")
+        assert any("FSDP2 with" in n["text"] for n in started), "the job's FSDP2 notice"
+        assert not [n for n in started if "accelerate runs" in n["text"]], started
+        assert_params_close(_dcp_model(tmp_path / "trainer" / "checkpoint-3"), params, 0.0)
+
+
+def _dcp_model(checkpoint: Path) -> dict:
+    """The model in a Trainer's FSDP checkpoint (DCP shards, one file a rank), loaded
+    whole in this process, named as the model's parameters."""
+    import torch.distributed.checkpoint as dcp
+
+    folder = checkpoint / "pytorch_model_fsdp_0"
+    meta = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.items()}
+    dcp.load(state, checkpoint_id=str(folder))
+    # The state dict names the tied head's weight too; the parameters name it once.
+    return {k.removeprefix("model."): v for k, v in state.items() if k != "model.lm_head.weight"}

@@ -125,6 +125,8 @@ def refuse_unsupported(model: Any, world: int) -> None:
                 "watch the run with run.report(loss) (create the Run without effective_batch=)"
             )
         return
+    if "DeepSpeed" in type(model).__name__:
+        raise RunError(deepspeed_refusal(f"under a process group of {world} ranks"))
     for m in model.modules() if isinstance(model, torch.nn.Module) else ():
         kind = type(m).__name__
         if kind == "FullyShardedDataParallel" or kind.startswith("FSDP"):
@@ -143,6 +145,21 @@ def refuse_unsupported(model: Any, world: int) -> None:
             "process group) or sharded with FSDP2's fully_shard (headroom gates its "
             f"collectives); got {type(model).__name__}"
         )
+
+
+def deepspeed_refusal(where: str) -> str:
+    """Why adaptive mode refuses DeepSpeed, and what to do instead: one text for a loop,
+    the HF Trainer and Lightning."""
+    return (
+        f"adaptive mode {where} with DeepSpeed: its engine partitions the gradients and "
+        "the optimizer state (ZeRO) and reduces them in its own backward hooks at its own "
+        "accumulation boundary, so headroom can neither cut a step into micro-batches "
+        "the ranks agree on nor have every rank redo a step after one rank's out-of-memory "
+        "error. Shard with FSDP2 instead (torch.distributed.fsdp.fully_shard; the HF "
+        'Trainer\'s fsdp="full_shard" with fsdp_config={"fsdp_version": 2}; '
+        "Lightning's ModelParallelStrategy), which headroom gates; or watch the DeepSpeed "
+        "run (run.report(loss), headroom.hf.Watch, headroom.lightning.Watch)"
+    )
 
 
 def refuse_process_group() -> None:

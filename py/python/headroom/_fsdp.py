@@ -285,6 +285,13 @@ def reset(model: torch.nn.Module) -> None:
             group._training_state = TrainingState.IDLE
             group.reshard()
         state._training_state = TrainingState.IDLE
+        # A unit of several modules (fully_shard([norm, embed, head]), as accelerate makes
+        # for a tied embedding) runs its pre-forward only when this set is empty: a
+        # forward that raised inside it left the set full, and the redo would run the
+        # modules on their shards, never gathered.
+        pending = getattr(state, "_modules_to_run_forward", None)
+        if pending is not None:
+            pending.clear()
     ctx.iter_forward_root = None
     ctx.post_backward_final_callback_queued = False
     ctx.is_last_backward = True

@@ -30,7 +30,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from accelerate.utils import DistributedType
 
-from . import _args, _batch, _eval, _torch
+from . import _args, _batch, _dist, _eval, _torch
 from ._run import Run, RunError, _default_name
 
 __all__ = ["Watch", "adapt"]
@@ -145,7 +145,13 @@ class Watch(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self.run = self._make_run(args, state, model)
+        self._say_fsdp_not_applied(args)
         self._tap = _LossTap(model)
+
+    def _say_fsdp_not_applied(self, args) -> None:
+        text = _fsdp_not_applied(args)
+        if text is not None:
+            self.run.notice(text, level="warn")
 
     def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         # The learning rate this step used (the scheduler moves it right after).
@@ -206,6 +212,7 @@ class _Adaptive(Watch):
             # strands the others.
             model = self.trainer.model_wrapped
         self.run = self._make_run(args, state, model, **kw, **_hf_levers(args, model))
+        self._say_fsdp_not_applied(args)
         self._optimizer = kwargs.get("optimizer") or self.trainer.optimizer
         if self._optimizer is not None:
             self.run.notice(
@@ -290,7 +297,10 @@ def adapt(trainer: transformers.Trainer, **run_kwargs: Any) -> transformers.Trai
     chunk, the results joined), so an eval batch larger than memory allows completes.
     Under ``torchrun`` with the Trainer's DDP, each rank cuts its own per-device batch
     (a tighter rank cuts finer) and the gradients are averaged once per batch, inside each
-    rank's last backward after the ranks agree; FSDP and DeepSpeed are refused. Keyword
+    rank's last backward after the ranks agree. With the Trainer's FSDP2
+    (``fsdp_config={"fsdp_version": 2}``) the ranks agree on each step's micro-batch count
+    and every unit's collectives are gated, so an OOM on one rank is redone by all;
+    FSDP1 and DeepSpeed are refused. Keyword
     arguments go to :class:`headroom.Run` (``micro_batch`` to start from,
     ``memory_budget``, ``hard_limit``, ``log``, …).
     Returns the trainer.
@@ -308,6 +318,7 @@ def adapt(trainer: transformers.Trainer, **run_kwargs: Any) -> transformers.Trai
             "headroom.hf.adapt: the LOMO optimizers update the parameters inside backward, "
             "which cannot be split into micro-batches; use another optimizer"
         )
+    _refuse_sharding(trainer)
     _args.framework_half("headroom.hf.adapt", run_kwargs, "the Trainer takes itself")
     cb = _Adaptive(**run_kwargs)
     cb.trainer = trainer
@@ -316,6 +327,43 @@ def adapt(trainer: transformers.Trainer, **run_kwargs: Any) -> transformers.Trai
     trainer.training_step = types.MethodType(_training_step, trainer)
     _chunk_evaluation(trainer, cb)
     return trainer
+
+
+def _refuse_sharding(trainer: transformers.Trainer) -> None:
+    """What adaptive mode cannot split, refused before training starts: DeepSpeed, and
+    the Trainer's FSDP1 (accelerate's FullyShardedDataParallel wrapper). Its FSDP2
+    (``fsdp_config={"fsdp_version": 2}``) is gated as a hand-sharded model is."""
+    accelerator = getattr(trainer, "accelerator", None)
+    kind = getattr(accelerator, "distributed_type", None)
+    if kind == DistributedType.DEEPSPEED:
+        raise RunError("headroom.hf.adapt: " + _dist.deepspeed_refusal("of the Trainer"))
+    if kind == DistributedType.FSDP and not getattr(accelerator, "is_fsdp2", False):
+        raise RunError(
+            "headroom.hf.adapt: the Trainer's FSDP is FSDP1 (FullyShardedDataParallel), whose "
+            "collectives headroom cannot gate; ask for FSDP2 with TrainingArguments(fsdp="
+            '"full_shard", fsdp_config={"fsdp_version": 2, ...}): headroom then gates '
+            "every unit's all-gather and reduce-scatter, so an out-of-memory error on one rank "
+            "is redone by every rank. Or watch the run with callbacks=[headroom.hf.Watch()]"
+        )
+
+
+def _fsdp_not_applied(args) -> str | None:
+    """A notice when the Trainer was asked for FSDP and accelerate trains otherwise:
+    on the CPU it decides by device and trains DDP, each rank holding the whole model,
+    without a word."""
+    if not getattr(args, "fsdp", None):
+        return None
+    from accelerate.state import AcceleratorState
+
+    kind = AcceleratorState._shared_state.get("distributed_type")
+    if kind is None or kind == DistributedType.FSDP:
+        return None
+    return (
+        f"the Trainer was asked for FSDP (TrainingArguments(fsdp=...)) but accelerate runs "
+        f"{getattr(kind, 'value', kind)}: it shards with FSDP only on GPUs and other "
+        "accelerators, so on the CPU every rank holds the whole model, its gradients and "
+        "optimizer state"
+    )
 
 
 def _chunk_evaluation(trainer: transformers.Trainer, cb: _Adaptive) -> None:
