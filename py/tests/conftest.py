@@ -510,3 +510,52 @@ class Screen:
 
     def send(self, b: bytes) -> None:
         os.write(self.fd, b)
+
+
+def signalled_args():
+    """The framework stop-signal scripts' arguments (hf_signalled.py,
+    lightning_signalled.py): where they write, a sleep per micro-batch so a signal lands
+    inside a step, or a checkpoint to resume from."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--log", required=True)
+    ap.add_argument("--sleep", type=float, default=0.0)
+    ap.add_argument("--resume", default=None)
+    return ap.parse_args()
+
+
+def sigterm_inside_a_step(script: str, out: Path, log: Path, after: int, pattern: str) -> tuple:
+    """Runs a framework stop-signal script with 0.3 s micro-batches, sends SIGTERM as
+    soon as its `after`-th step has ended (the next has begun its first micro-batch),
+    and checks what every framework's stop inside a step leaves: exit 143, the step
+    abandoned, one checkpoint (`pattern` in `out`) told to the log, the log finished as
+    stopped. Returns the log's records and that checkpoint's path."""
+    import signal
+
+    p = spawn([script, "--out", str(out), "--log", str(log), "--sleep", "0.3"])
+    assert p.stdout.readline().strip() == "ready"
+    deadline = time.monotonic() + 60
+    while not log.exists() or len([r for r in records(log) if r["kind"] == "step"]) < after:
+        assert time.monotonic() < deadline and p.poll() is None, "no step ended"
+        time.sleep(0.02)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 128 + signal.SIGTERM, err
+    recs = records(log)
+    notices = [r["text"] for r in recs if r["kind"] == "notice"]
+    assert any("abandoned after" in n for n in notices), notices
+    saved = sorted(out.glob(pattern))
+    assert len(saved) == 1, saved
+    told = [r["path"] for r in recs if r["kind"] == "checkpoint_saved"]
+    assert told == [str(saved[0])], told
+    assert recs[-1]["kind"] == "finished" and recs[-1]["stopped_by_user"], recs[-2:]
+    return recs, saved[0]
+
+
+def resume_from(script: str, out: Path, log: Path, checkpoint: Path) -> None:
+    """The same script, fast, taken up from `checkpoint` to its end."""
+    p = spawn([script, "--out", str(out), "--log", str(log), "--resume", str(checkpoint)])
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err

@@ -31,6 +31,8 @@ from conftest import (  # noqa: E402
     finish,
     kinds,
     records,
+    resume_from,
+    sigterm_inside_a_step,
     spawn,
     steer,
     torchrun,
@@ -259,3 +261,28 @@ def _dcp_model(checkpoint: Path) -> dict:
     dcp.load(state, checkpoint_id=str(folder))
     # The state dict names the tied head's weight too; the parameters name it once.
     return {k.removeprefix("model."): v for k, v in state.items() if k != "model.lm_head.weight"}
+
+
+def test_sigterm_mid_step_saves_the_trainers_checkpoint_and_its_resume_matches(tmp_path):
+    """SIGTERM while the adapted Trainer is inside a step (its own accumulation of 2
+    batches, each cut into micro-batches): the step is given up at the next micro-batch,
+    the Trainer's own checkpoint of the last completed step is saved at once (before, the
+    process left in run.backward with only a flag set for a save at the step's end that
+    never came), the process exits 143; resume_from_checkpoint redoes the step given up
+    and ends with the parameters of a Trainer never interrupted (no headroom)."""
+    from hf_signalled import args_for
+
+    ref_model = tiny_gpt2()
+    ref = transformers.Trainer(
+        model=ref_model, args=args_for(tmp_path / "ref"), train_dataset=Samples(96)
+    )
+    ref.train()
+    out = tmp_path / "out"
+    # After the third batch, the fourth (the second of the Trainer's step 2) has begun.
+    _, saved = sigterm_inside_a_step(
+        "hf_signalled.py", out, tmp_path / "run.jsonl", 3, "checkpoint-*"
+    )
+    assert 1 <= int(saved.name.split("-")[1]) < 5
+    # The Trainer's own resume, adapted again, redoes the step given up.
+    resume_from("hf_signalled.py", out, tmp_path / "again.jsonl", saved)
+    assert_params_close(torch.load(out / "params.pt"), _params(ref_model), 1e-6)

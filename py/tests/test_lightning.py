@@ -31,6 +31,8 @@ from conftest import (  # noqa: E402
     gpt_batches,
     kinds,
     records,
+    resume_from,
+    sigterm_inside_a_step,
     spawn,
     steer,
     torchrun,
@@ -215,3 +217,34 @@ def test_the_adaptive_module_under_fsdp2_learns_what_one_process_with_the_global
     got = TinyAdaptive()
     got.load_state_dict(torch.load(tmp_path / "params.pt"))
     assert_params_close(got, ref, TOL)
+
+
+def test_sigterm_mid_batch_saves_lightnings_checkpoint_of_the_last_completed_batch(tmp_path):
+    """SIGTERM while an AdaptiveModule's batch is in run.backward: the run handles it, not
+    Lightning's notifier (which raised at the next batch: no checkpoint, the run's log
+    without its end); the batch is given up at the next micro-batch, Lightning's own
+    checkpoint of the last completed batch is saved at once (before, only a flag was set
+    for a save at the batch's end that never came), the process exits 143. The
+    checkpoint holds the parameters and momentum of a fixed-batch fit stopped after that
+    batch, and fit(ckpt_path=) takes it up."""
+    torch.manual_seed(0)
+    ref = FixedGPT()
+    ref_trainer = trainer(tmp_path / "ref", max_steps=2)
+    ref_trainer.fit(ref, loader(5, 8))
+    out = tmp_path / "out"
+    # After the second batch, the third has begun.
+    _, saved = sigterm_inside_a_step(
+        "lightning_signalled.py", out, tmp_path / "run.jsonl", 2, "headroom-step=*.ckpt"
+    )
+    assert saved.name == "headroom-step=2.ckpt", saved
+    ckpt = torch.load(saved, weights_only=False)
+    model = TinyAdaptive()
+    model.load_state_dict(ckpt["state_dict"])
+    assert_params_close(model, ref, TOL)
+    mine = ckpt["optimizer_states"][0]["state"]
+    theirs = ref_trainer.optimizers[0].state_dict()["state"]
+    for i, st in theirs.items():
+        diff = float((mine[i]["momentum_buffer"] - st["momentum_buffer"]).abs().max())
+        assert diff <= TOL, (i, diff)
+    resume_from("lightning_signalled.py", out, tmp_path / "again.jsonl", saved)
+    assert (out / "params.pt").exists()

@@ -151,6 +151,7 @@ class JobRank:
         checkpoint (at run.step's boundary) saves on every rank. Returns NaN: the step has
         no loss, and run.step applies nothing."""
         self._clear_grads()
+        self.stop_gave_up_a_step = True
         where = f"after {here.done} of {here.samples} samples on this rank " if here else ""
         what = dropped(here.done, here.samples) if here else "its gradients are dropped"
         self._native.notice_text(

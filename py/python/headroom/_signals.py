@@ -80,6 +80,10 @@ class StopSignals:
         self._signalled_at = 0.0
         self._signal_boundaries = 0
         self._stop_checkpointed = False
+        # A stop gave a step up mid-way: the stop's checkpoint is then taken inside the
+        # step (the parameters are the last completed step's), where a framework's own
+        # save must happen at once, not at its batch's end (headroom.hf, .lightning).
+        self.stop_gave_up_a_step = False
         self._saved_handlers: dict = {}
         # The user signals that checkpoint and go on instead of stopping.
         self._checkpoint_signals = {
@@ -229,6 +233,7 @@ class StopSignals:
         signum = self._signalled
         name = signal.Signals(signum).name
         self._clear_grads()
+        self.stop_gave_up_a_step = True
         took = time.perf_counter() - self._boundary_t
         self._native.notice_text(
             f"{name}: step {self._step + 1} abandoned after {done} of {samples} samples "

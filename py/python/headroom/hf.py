@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import types
 from typing import Any
@@ -127,16 +128,18 @@ class Watch(TrainerCallback):
             _run_name(self._name, args), model=model, on_checkpoint=self._ask_checkpoint, **kw
         )
 
-    def _ask_checkpoint(self, step: int) -> None:
+    def _ask_checkpoint(self, step: int) -> str | None:
         # The save itself is the Trainer's (at this step's end, as checkpoint-N, with the
         # optimizer, scheduler and RNG states its resume needs); on_save tells the
         # dashboard where it went.
         self._save_asked = True
 
+    _stop_saved = False  # the stop's checkpoint was saved when the step was given up
+
     def _carry_out(self, control) -> None:
         if self.run.should_stop:
             control.should_training_stop = True
-            control.should_save = True
+            control.should_save = not self._stop_saved
         if self._save_asked:
             self._save_asked = False
             control.should_save = True
@@ -224,6 +227,28 @@ class _Adaptive(Watch):
 
     _optimizer: Any = None
     shares: bool | None = None  # whether the loss honours num_items_in_batch (probed once)
+    halted = False  # a stop gave the Trainer's step up: its other batches do nothing
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not self.halted:  # the Trainer's figures of a step given up are of nothing
+            super().on_log(args, state, control, logs=logs, **kwargs)
+
+    def _ask_checkpoint(self, step: int) -> str | None:
+        if self.run is not None and self.run.stop_gave_up_a_step and self.trainer is not None:
+            return self._save_now()
+        return super()._ask_checkpoint(step)
+
+    def _save_now(self) -> str:
+        """The Trainer's own checkpoint, at once: a stop gave the step in progress up, and
+        the Trainer would not save it at the step's end (one process exits in
+        run.backward; a job's ranks go on to an optimizer step with no gradients). Its
+        model, optimizer, scheduler and RNG are still the last completed step's, saved
+        as checkpoint-<global_step>, which resume_from_checkpoint continues from, redoing
+        the step given up."""
+        t = self.trainer
+        t._save_checkpoint(t.model_wrapped, None)
+        self._stop_saved = True
+        return os.path.join(t.args.output_dir, f"checkpoint-{t.state.global_step}")
 
     def end_step(self) -> None:
         """Ends the run's step of the last batch: at the next batch of the same optimizer
@@ -489,6 +514,10 @@ def _training_step(self, model, inputs, num_items_in_batch=None):
     """
     cb: _Adaptive = self._headroom
     cb.end_step()
+    if cb.halted:
+        # A stop gave this optimizer step up and its checkpoint is saved: the Trainer's
+        # other batches of it compute nothing (its optimizer step finds no gradient).
+        return torch.tensor(math.nan, device=self.args.device)
     cp_context = contextlib.nullcontext
     if hasattr(self, "_prepare_context_parallel_inputs"):
         cp_context, inputs = self._prepare_context_parallel_inputs(model, inputs)
@@ -521,6 +550,12 @@ def _training_step(self, model, inputs, num_items_in_batch=None):
             reduction="sum" if cb.shares and num_items_in_batch is not None else "mean",
             backward=lambda loss: self.accelerator.backward(loss, **backward_kwargs),
         )
+    if cb.run.stop_gave_up_a_step:
+        # Under torchrun a stop gives the step up on every rank together and run.backward
+        # returns: the stop's checkpoint now (run.step), before the Trainer's optimizer
+        # step and scheduler move on from the last completed step.
+        cb.end_step()
+        cb.halted = True
     return torch.tensor(value, device=self.args.device)
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
+import threading
 from typing import Any
 
 import torch
@@ -66,26 +68,39 @@ class Watch(pl.Callback):
     def _make_run(self, trainer, model, **extra) -> Run:
         total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else 0
         kw = {"total_steps": int(total), **extra, **self._run_kwargs}
+        _sigterm_to_the_run(trainer)
         return Run(self._name, model=model, on_checkpoint=self._ask_checkpoint, **kw)
 
-    def _ask_checkpoint(self, step: int) -> None:
+    _trainer: Any = None
+
+    def _ask_checkpoint(self, step: int) -> str | None:
         # Saved at the batch's end by the trainer itself (as ModelCheckpoint does), so
-        # the checkpoint holds the loops' progress its resume needs.
+        # the checkpoint holds the loops' progress its resume needs. A stop that gave the
+        # batch in progress up saves at once: the batch never reaches its end (one
+        # process exits in run.backward), and its progress is recorded as started, not
+        # completed, so the resume redoes it.
+        if self.run is not None and self.run.stop_gave_up_a_step and self._trainer is not None:
+            return self._save(self._trainer)
         self._save_asked = True
+        return None
+
+    def _save(self, trainer) -> str:
+        path = os.path.join(
+            self._dirpath or trainer.default_root_dir,
+            f"headroom-step={trainer.global_step}.ckpt",
+        )
+        trainer.save_checkpoint(path)
+        return path
 
     def _carry_out(self, trainer) -> None:
         if self.run.should_stop:
             trainer.should_stop = True
         if self._save_asked:
             self._save_asked = False
-            path = os.path.join(
-                self._dirpath or trainer.default_root_dir,
-                f"headroom-step={trainer.global_step}.ckpt",
-            )
-            trainer.save_checkpoint(path)
-            self.run.checkpoint_saved(path)
+            self.run.checkpoint_saved(self._save(trainer))
 
     def on_train_start(self, trainer, pl_module):
+        self._trainer = trainer
         self.run = self._make_run(trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -113,6 +128,23 @@ class Watch(pl.Callback):
     def on_exception(self, trainer, pl_module, exception):
         if self.run is not None:
             self.run.fail(f"{type(exception).__name__}: {exception}")
+
+
+def _sigterm_to_the_run(trainer) -> None:
+    """SIGTERM handled by the run for the fit, when Lightning's own handler is only its
+    notifier (no SLURM requeue, no handler of the script's chained): that notifier makes
+    the fit raise at the next batch, with no checkpoint and the run's log left without
+    its end. The run's handler instead stops at the batch's end with Lightning's own
+    checkpoint (or gives a batch in run.backward up and saves the last completed one).
+    Lightning puts its originals back at its teardown, as always."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    held = signal.getsignal(signal.SIGTERM)
+    handlers = getattr(held, "signal_handlers", None)
+    connector = getattr(trainer, "_signal_connector", None)
+    notifier = getattr(connector, "_sigterm_notifier_fn", None)
+    if type(held).__name__ == "_HandlersCompose" and handlers == [notifier]:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 class Adaptive(Watch):
@@ -152,6 +184,7 @@ class Adaptive(Watch):
         # averaged once per batch inside the last backward after the ranks agree. Under
         # ModelParallelStrategy (FSDP2) it joins with the module's FSDP root; FSDPStrategy
         # (FSDP1) and DeepSpeed are refused.
+        self._trainer = trainer
         model = trainer.strategy.model if trainer.world_size > 1 else pl_module
         root = _fsdp.outermost(pl_module) if trainer.world_size > 1 else None
         if root is not None:
