@@ -526,20 +526,23 @@ def signalled_args():
     return ap.parse_args()
 
 
-def sigterm_inside_a_step(script: str, out: Path, log: Path, after: int, pattern: str) -> tuple:
+def sigterm_inside_a_step(script: str, out: Path, log: Path, forward: int, pattern: str) -> tuple:
     """Runs a framework stop-signal script with 0.3 s micro-batches, sends SIGTERM as
-    soon as its `after`-th step has ended (the next has begun its first micro-batch),
-    and checks what every framework's stop inside a step leaves: exit 143, the step
-    abandoned, one checkpoint (`pattern` in `out`) told to the log, the log finished as
-    stopped. Returns the log's records and that checkpoint's path."""
+    its `forward`-th micro-batch (counted from the line each prints) begins, one that is
+    not its step's last, and checks what every framework's stop inside a step leaves:
+    exit 143, the step abandoned at the next micro-batch, one checkpoint (`pattern` in
+    `out`) told to the log, the log finished as stopped. Returns the log's records and
+    that checkpoint's path. (Not timed from the log: its writer may flush a step's
+    record after the next step has begun.)"""
     import signal
 
-    p = spawn([script, "--out", str(out), "--log", str(log), "--sleep", "0.3"])
-    assert p.stdout.readline().strip() == "ready"
-    deadline = time.monotonic() + 60
-    while not log.exists() or len([r for r in records(log) if r["kind"] == "step"]) < after:
-        assert time.monotonic() < deadline and p.poll() is None, "no step ended"
-        time.sleep(0.02)
+    here = Path(__file__).resolve().parent
+    p = spawn([str(here / script), "--out", str(out), "--log", str(log), "--sleep", "0.3"])
+    seen = 0
+    while seen < forward:
+        line = p.stdout.readline()
+        assert line, f"the script ended after {seen} micro-batches: {p.communicate()[1]}"
+        seen += line.strip() == "forward"
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 128 + signal.SIGTERM, err
@@ -556,6 +559,7 @@ def sigterm_inside_a_step(script: str, out: Path, log: Path, after: int, pattern
 
 def resume_from(script: str, out: Path, log: Path, checkpoint: Path) -> None:
     """The same script, fast, taken up from `checkpoint` to its end."""
+    script = str(Path(__file__).resolve().parent / script)
     p = spawn([script, "--out", str(out), "--log", str(log), "--resume", str(checkpoint)])
     _, err = p.communicate(timeout=120)
     assert p.returncode == 0, err

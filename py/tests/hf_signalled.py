@@ -38,13 +38,13 @@ def main() -> int:
     )
 
     def slow(module, inputs):
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and a.sleep:
+            print("forward", flush=True)  # the test counts these to signal mid-step
             time.sleep(a.sleep)
 
     model.get_input_embeddings().register_forward_pre_hook(slow)
     # At most 2 samples a micro-batch: 4 a batch, so a signal lands between two of them.
     headroom.hf.adapt(trainer, micro_batch=2, max_micro_batch=2, log=a.log)
-    print("ready", flush=True)
     trainer.train(resume_from_checkpoint=a.resume)
     torch.save({k: v.detach() for k, v in model.named_parameters()}, Path(a.out) / "params.pt")
     return 0

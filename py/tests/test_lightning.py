@@ -232,9 +232,9 @@ def test_sigterm_mid_batch_saves_lightnings_checkpoint_of_the_last_completed_bat
     ref_trainer = trainer(tmp_path / "ref", max_steps=2)
     ref_trainer.fit(ref, loader(5, 8))
     out = tmp_path / "out"
-    # After the second batch, the third has begun.
+    # Each batch is 4 micro-batches: the 10th is the second of the third batch.
     _, saved = sigterm_inside_a_step(
-        "lightning_signalled.py", out, tmp_path / "run.jsonl", 2, "headroom-step=*.ckpt"
+        "lightning_signalled.py", out, tmp_path / "run.jsonl", 10, "headroom-step=*.ckpt"
     )
     assert saved.name == "headroom-step=2.ckpt", saved
     ckpt = torch.load(saved, weights_only=False)

@@ -68,7 +68,11 @@ class Watch(pl.Callback):
     def _make_run(self, trainer, model, **extra) -> Run:
         total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else 0
         kw = {"total_steps": int(total), **extra, **self._run_kwargs}
-        _sigterm_to_the_run(trainer)
+        # Under torchrun only a run that joins the job (adaptive, or job_view=True) agrees
+        # on the step a stop takes effect at; an unjoined one leaves SIGTERM to Lightning,
+        # whose notifier broadcasts it so every rank stops at the same batch.
+        if trainer.world_size == 1 or "effective_batch" in kw or kw.get("job_view"):
+            _sigterm_to_the_run(trainer)
         return Run(self._name, model=model, on_checkpoint=self._ask_checkpoint, **kw)
 
     _trainer: Any = None
