@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -35,6 +36,14 @@ def main() -> int:
         help="forward calls (with grad) whose backward fails, between the two blocks' units",
     )
     ap.add_argument("--fsdp", action="store_true", help="the Trainer's FSDP2 (accelerate's)")
+    ap.add_argument("--steps", type=int, default=3, help="the Trainer's max_steps")
+    ap.add_argument(
+        "--sleep",
+        type=float,
+        default=0.0,
+        help="seconds before each micro-batch's forward, micro-batches of at most 3 (rank 0 "
+        "prints a line for each: the stop test counts them)",
+    )
     args = ap.parse_args()
     out = Path(args.out)
     torch.set_num_threads(1)
@@ -45,7 +54,7 @@ def main() -> int:
         fsdp_on_the_cpu()
         # The Trainer's own FSDP2 checkpoint (accelerate's, through DCP) at step 2.
         extra = dict(fsdp_args(), save_strategy="steps", save_steps=2)
-    targs = training_args(out / "trainer", **ddp_args(), **extra)
+    targs = training_args(out / "trainer", **dict(ddp_args(), max_steps=args.steps), **extra)
     trainer = transformers.Trainer(model=model, args=targs, train_dataset=Samples(96))
     mine = rank == args.oom_rank
     fail_at = {int(n) for n in args.oom_at.split(",") if n} if mine else set()
@@ -55,6 +64,10 @@ def main() -> int:
     def fail_some(module, inputs):
         if not torch.is_grad_enabled():
             return  # adapt's one-sample probe of the loss's normalisation
+        if args.sleep:
+            if rank == 0:
+                print("forward", flush=True)
+            time.sleep(args.sleep)
         calls["n"] += 1
         if calls["n"] in fail_at:
             _torch.provoke_oom(torch.device("cpu"))
@@ -67,7 +80,8 @@ def main() -> int:
 
     model.get_input_embeddings().register_forward_pre_hook(fail_some)
     model.transformer.h[0].register_forward_hook(fail_in_backward)
-    headroom.hf.adapt(trainer, micro_batch=3, log=out / f"rank{rank}.jsonl")
+    most = {"max_micro_batch": 3} if args.sleep else {}
+    headroom.hf.adapt(trainer, micro_batch=3, log=out / f"rank{rank}.jsonl", **most)
     result = trainer.train()
     # Under FSDP2 `model` is the root accelerate sharded in place (DTensor parameters).
     full = {

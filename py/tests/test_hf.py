@@ -36,6 +36,7 @@ from conftest import (  # noqa: E402
     spawn,
     steer,
     torchrun,
+    wait,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -287,3 +288,56 @@ def test_sigterm_mid_step_saves_the_trainers_checkpoint_and_its_resume_matches(t
     # The Trainer's own resume, adapted again, redoes the step given up.
     resume_from("hf_signalled.py", out, tmp_path / "again.jsonl", saved)
     assert_params_close(torch.load(out / "params.pt"), _params(ref_model), 1e-6)
+
+
+def test_sigterm_to_torchrun_inside_a_step_saves_the_fsdp2_trainers_checkpoint_on_every_rank(
+    tmp_path,
+):
+    """SIGTERM to torchrun while the Trainer's FSDP2 job is inside a step: every rank gives
+    the step up at the same agreement, saves the Trainer's own sharded checkpoint of the
+    last completed step together (before: no checkpoint, and the Trainer's next batch
+    called run.backward again and exited 143), computes nothing for the rest of that
+    step, and returns from train(). The checkpoint holds what a single process with the
+    global batch learns in that many steps."""
+    import signal
+
+    from hf_ddp import ddp_args
+
+    job = torchrun(
+        2,
+        "hf_ddp.py",
+        "--out",
+        str(tmp_path),
+        "--fsdp",
+        "--oom-at",
+        "",
+        "--steps",
+        "4",
+        "--sleep",
+        "0.3",
+    )
+    # 8 samples a batch in micro-batches of 3: 3 forwards a batch, 6 a Trainer step (its
+    # accumulation of 2). Rank 0's 8th is the second of step 2's first batch.
+    deadline = time.monotonic() + 120
+    while (tmp_path / "out.txt").read_text().count("forward\n") < 8:
+        assert time.monotonic() < deadline and job.poll() is None, wait(job, 60)
+        time.sleep(0.05)
+    job.send_signal(signal.SIGTERM)
+    wait(job, 90)  # its code is torchrun's agent's own (it raises on SIGTERM)
+    saved = tmp_path / "trainer" / "checkpoint-1"
+    assert sorted(p.name for p in (tmp_path / "trainer").iterdir()) == ["checkpoint-1"]
+    assert len(list((saved / "pytorch_model_fsdp_0").glob("*.distcp"))) == 2
+    assert json.loads((saved / "trainer_state.json").read_text())["global_step"] == 1
+    for r in range(2):
+        assert (tmp_path / f"done-rank{r}.json").exists(), f"rank {r} did not return"
+        recs = records(tmp_path / f"rank{r}.jsonl")
+        texts = [x["text"] for x in recs if x["kind"] == "notice"]
+        assert any("given up by every rank" in t for t in texts), texts
+        assert recs[-1]["kind"] == "finished" and recs[-1]["checkpoint"] == str(saved)
+    ref = tiny_gpt2()
+    args = dict(ddp_args(per_device=16), max_steps=1)
+    del args["ddp_backend"]
+    transformers.Trainer(
+        model=ref, args=training_args(tmp_path / "ref", **args), train_dataset=Samples(96)
+    ).train()
+    assert_params_close(_dcp_model(saved), _params(ref), TOL)

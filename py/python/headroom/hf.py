@@ -205,6 +205,8 @@ class _Adaptive(Watch):
     trainer: transformers.Trainer | None = None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        # A train() after one a stop ended (the same trainer, a new run) trains again.
+        self.halted = self._stop_saved = False
         per_device = int(args.per_device_train_batch_size)
         total = int(state.max_steps or 0) * int(args.gradient_accumulation_steps)
         kw = {"effective_batch": per_device, "total_steps": total}
