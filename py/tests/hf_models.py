@@ -15,7 +15,9 @@ import transformers  # noqa: E402
 transformers.logging.set_verbosity_error()
 
 
-def tiny_gpt2(seed: int = 0, vocab: int = 64, ctx: int = 32, layers: int = 2, d: int = 32):
+def tiny_gpt2(
+    seed: int = 0, vocab: int = 64, ctx: int = 32, layers: int = 2, d: int = 32, dropout=0.0
+):
     torch.manual_seed(seed)
     cfg = transformers.GPT2Config(
         vocab_size=vocab,
@@ -23,9 +25,9 @@ def tiny_gpt2(seed: int = 0, vocab: int = 64, ctx: int = 32, layers: int = 2, d:
         n_embd=d,
         n_layer=layers,
         n_head=2,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
+        attn_pdrop=dropout,
     )
     return transformers.GPT2LMHeadModel(cfg)
 

@@ -269,14 +269,13 @@ def test_sigterm_mid_step_saves_the_trainers_checkpoint_and_its_resume_matches(t
     batches, each cut into micro-batches): the step is given up at the next micro-batch,
     the Trainer's own checkpoint of the last completed step is saved at once (before, the
     process left in run.backward with only a flag set for a save at the step's end that
-    never came), the process exits 143; resume_from_checkpoint redoes the step given up
-    and ends with the parameters of a Trainer never interrupted (no headroom)."""
-    from hf_signalled import args_for
+    never came), with the random states of that step's start (before: none saved; a save
+    then would have held the states the step's dropout had moved on), the process exits
+    143; resume_from_checkpoint redoes the step given up and ends with the parameters of
+    the same adapted Trainer never interrupted, dropout on."""
+    from hf_signalled import adapted
 
-    ref_model = tiny_gpt2()
-    ref = transformers.Trainer(
-        model=ref_model, args=args_for(tmp_path / "ref"), train_dataset=Samples(96)
-    )
+    ref = adapted(tmp_path / "ref", tmp_path / "ref.jsonl")
     ref.train()
     out = tmp_path / "out"
     # Each batch is 4 micro-batches: the 14th is the second of the fourth batch (the
@@ -287,7 +286,7 @@ def test_sigterm_mid_step_saves_the_trainers_checkpoint_and_its_resume_matches(t
     assert saved.name == "checkpoint-1", saved
     # The Trainer's own resume, adapted again, redoes the step given up.
     resume_from("hf_signalled.py", out, tmp_path / "again.jsonl", saved)
-    assert_params_close(torch.load(out / "params.pt"), _params(ref_model), 1e-6)
+    assert_params_close(torch.load(out / "params.pt"), _params(ref.model), 1e-6)
 
 
 def test_sigterm_to_torchrun_inside_a_step_saves_the_fsdp2_trainers_checkpoint_on_every_rank(

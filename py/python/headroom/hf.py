@@ -15,6 +15,7 @@ import contextlib
 import functools
 import math
 import os
+import random
 import types
 from typing import Any
 
@@ -29,6 +30,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
         "`import headroom` alone works without it"
     ) from e
 
+import numpy as np  # transformers needs it
 from accelerate.utils import DistributedType
 
 from . import _args, _batch, _dist, _eval, _torch
@@ -231,6 +233,14 @@ class _Adaptive(Watch):
     shares: bool | None = None  # whether the loss honours num_items_in_batch (probed once)
     halted = False  # a stop gave the Trainer's step up: its other batches do nothing
 
+    _rng_at_step: dict | None = None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        # The random states a checkpoint at the last step's end holds (the Trainer saves
+        # them for an exact resume): a stop that gives this step up saves these, not the
+        # states its dropout has moved on since.
+        self._rng_at_step = _rng_states()
+
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not self.halted:  # the Trainer's figures of a step given up are of nothing
             super().on_log(args, state, control, logs=logs, **kwargs)
@@ -248,7 +258,13 @@ class _Adaptive(Watch):
         as checkpoint-<global_step>, which resume_from_checkpoint continues from, redoing
         the step given up."""
         t = self.trainer
-        t._save_checkpoint(t.model_wrapped, None)
+        now = _rng_states()
+        if self._rng_at_step is not None:
+            _set_rng_states(self._rng_at_step)
+        try:
+            t._save_checkpoint(t.model_wrapped, None)
+        finally:
+            _set_rng_states(now)
         self._stop_saved = True
         return os.path.join(t.args.output_dir, f"checkpoint-{t.state.global_step}")
 
@@ -267,6 +283,27 @@ class _Adaptive(Watch):
     def on_train_end(self, args, state, control, **kwargs):
         self.end_step()
         super().on_train_end(args, state, control, **kwargs)
+
+
+def _rng_states() -> dict:
+    """The random states the Trainer's checkpoint saves (`_save_rng_state`): Python's,
+    NumPy's, torch's CPU generator and, once CUDA is in use, every device's."""
+    states = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "cpu": torch.random.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.random.get_rng_state_all()
+    return states
+
+
+def _set_rng_states(states: dict) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.random.set_rng_state(states["cpu"])
+    if "cuda" in states:
+        torch.cuda.random.set_rng_state_all(states["cuda"])
 
 
 def _hf_levers(args, model) -> dict:
