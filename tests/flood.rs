@@ -52,6 +52,8 @@ effective_batch = 1
 "#;
 
 const SAMPLE_HZ: f64 = 100.0;
+/// What the log keeps of them: the highest of each slot (host/src/log_thinning.rs).
+const LOGGED_HZ: f64 = 1.0 / headroom_host::log_thinning::LOG_SAMPLE_EVERY;
 const COLS: u16 = 120;
 /// Tall enough for the allocator/host detail panels, so every panel is drawn.
 const ROWS: u16 = 40;
@@ -314,14 +316,14 @@ fn flood(duration: Duration) {
     let (close_p50, close_max) = percentiles(&close_latency);
     let finished = log.finished.clone().expect("a finished record");
     let run_t = finished["t"].as_f64().unwrap();
-    let expected_samples = SAMPLE_HZ * run_t;
+    let expected_samples = SAMPLE_HZ.min(LOGGED_HZ) * run_t;
     let dropped_at_exit = dropped_in_summary(&tail);
     eprintln!(
         "flood summary: {flood_s:.1}s flooding, {steps_flooded} steps ({steps_per_s:.0} steps/s; \
          {} in all, {} after the first third); RSS start {} / third {} / end {} / max late \
          {} MiB, growth {:+.2} MiB ({:.1} B/step), threads {} -> {}; log {:.1} MiB \
          ({:.0} B/step), longest gap between logged steps {longest_stall:.1}s; samples logged {} of {:.0} at \
-         {SAMPLE_HZ} Hz ({:.1}%); help key->screen open p50 {} / max {} ms, close p50 {} / max \
+         {LOGGED_HZ} a second of {SAMPLE_HZ} Hz ({:.1}%); help key->screen open p50 {} / max {} ms, close p50 {} / max \
          {} ms over {} presses; headless {headless:.0} steps/s; terminal stopped {STALL:?} at {:.0}s: {} steps logged \
          meanwhile, drops shown {} after {} ms; dropped before the stop: {}, on screen \
          at the end: {}, at exit: {}; stop took {stop_s:.1}s; records {:?}",
@@ -458,11 +460,12 @@ fn flood(duration: Duration) {
         "summary: {tail}"
     );
     assert!(log.samples > 0, "no sample records");
-    // The sampler may fall behind 100 Hz on a loaded machine and the log may drop
-    // readings, but a tenth of the rate over the whole run would be a stalled sampler.
+    // The sampler may fall behind 100 Hz on a loaded machine (or slow itself where its
+    // reads cost too much) and the log's queue may drop readings, but the log keeps only
+    // 4 a second of them: half of those missing over the whole run is a stalled sampler.
     assert!(
-        log.samples as f64 >= 0.1 * expected_samples,
-        "{} samples logged, {expected_samples:.0} expected at {SAMPLE_HZ} Hz",
+        log.samples as f64 >= 0.5 * expected_samples,
+        "{} samples logged, {expected_samples:.0} expected at {LOGGED_HZ} a second",
         log.samples
     );
     // The count only grows: the screen's last one is at most the exit's.

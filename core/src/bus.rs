@@ -177,7 +177,7 @@ impl Bus {
         let hints = match &self.hints {
             Some(engine) if !matches!(msg, Telemetry::Hint(_)) => engine
                 .lock()
-                .map(|mut e| e.observe(&msg))
+                .map(|mut e| e.observe(&msg, self.started.elapsed().as_secs_f64()))
                 .unwrap_or_default(),
             _ => Vec::new(),
         };

@@ -41,7 +41,9 @@ pub struct RunSection {
     pub eval_batches: usize,
     /// Steps between headless progress lines.
     pub progress_every: u64,
-    /// Sampler rate for host / device / allocator figures.
+    /// Sampler rate for host / device / allocator figures: a ceiling (the sampler slows
+    /// where a reading costs more than `sampler::READ_BUDGET` of a core); the log keeps at
+    /// most 4 a second (`log_thinning`).
     pub sample_hz: f64,
     /// libtorch's intra-op threads (`--threads`); 0 keeps libtorch's default, one per
     /// core. On a machine busy with other work fewer can be much faster: the pool's
@@ -93,7 +95,7 @@ impl Default for RunSection {
             eval_every: 50,
             eval_batches: 8,
             progress_every: 10,
-            sample_hz: 4.0,
+            sample_hz: 20.0,
             threads: 0,
             on_usr1: OnUserSignal::Stop,
             on_usr2: OnUserSignal::Stop,

@@ -77,9 +77,11 @@ pub struct MemoryParts {
 const FRAG_RAISE: f64 = 0.20;
 const FRAG_CLEAR: f64 = 0.10;
 const FRAG_MIN_BYTES: u64 = 256 << 20;
-/// Samples in a row the fragmentation must show before it is said (mid-step samples
-/// see transient cache).
+/// Samples in a row the fragmentation must show before it is said, and the least time
+/// they must span (mid-step samples see transient cache; at 20 Hz three samples are
+/// 0.1 s of one step).
 const FRAG_SAMPLES: usize = 3;
+const FRAG_HOLD_S: f64 = 0.5;
 /// Memory outside the allocator (or taken from the CPU limit by other processes), as a
 /// share of the device (or the configured limit).
 const OUTSIDE_RAISE: f64 = 0.15;
@@ -119,7 +121,8 @@ pub struct HintEngine {
     shrink: Option<PendingShrink>,
     /// The peak before the shrink that did not help, while that hint is up.
     shrink_held: Option<u64>,
-    frag_run: usize,
+    /// Samples in a row with high fragmentation, and the run time of the first.
+    frag_run: (usize, f64),
     /// The sampler reads an allocator: a CUDA run, whose outside memory comes from NVML.
     last_sample_cuda: bool,
     active: HashSet<HintKind>,
@@ -141,7 +144,7 @@ impl HintEngine {
             by_size: BTreeMap::new(),
             shrink: None,
             shrink_held: None,
-            frag_run: 0,
+            frag_run: (0, 0.0),
             last_sample_cuda: false,
             active: HashSet::new(),
         }
@@ -152,8 +155,9 @@ impl HintEngine {
         self.active.iter().copied()
     }
 
-    /// Takes note of one message; returns the hints it raised or cleared.
-    pub fn observe(&mut self, msg: &Telemetry) -> Vec<Hint> {
+    /// Takes note of one message, sent at `t` seconds of the run; returns the hints it
+    /// raised or cleared.
+    pub fn observe(&mut self, msg: &Telemetry, t: f64) -> Vec<Hint> {
         match msg {
             Telemetry::RunStarted(info) => {
                 // Every producer sends its `memory_parts` after its first step; until then
@@ -194,7 +198,7 @@ impl HintEngine {
                 Vec::new()
             }
             Telemetry::StepMemory(m) => self.step(m),
-            Telemetry::Sample(s) => self.sample(s),
+            Telemetry::Sample(s) => self.sample(s, t),
             _ => Vec::new(),
         }
     }
@@ -495,12 +499,12 @@ impl HintEngine {
         )
     }
 
-    fn sample(&mut self, s: &SystemSample) -> Vec<Hint> {
+    fn sample(&mut self, s: &SystemSample, t: f64) -> Vec<Hint> {
         let step = self.last.as_ref().map_or(0, |m| m.step);
         let mut out = Vec::new();
         if let Some(a) = &s.allocator {
             self.last_sample_cuda = true;
-            out.extend(self.fragmentation(step, a));
+            out.extend(self.fragmentation(step, a, t));
             if let Some(g) = &s.gpu {
                 out.extend(self.outside(step, a, g));
             }
@@ -508,16 +512,21 @@ impl HintEngine {
         out
     }
 
-    fn fragmentation(&mut self, step: u64, a: &AllocatorStats) -> Option<Hint> {
+    fn fragmentation(&mut self, step: u64, a: &AllocatorStats, t: f64) -> Option<Hint> {
         let share = a.fragmentation();
         let high = share >= FRAG_RAISE && a.inactive_split >= FRAG_MIN_BYTES;
-        self.frag_run = if high { self.frag_run + 1 } else { 0 };
+        self.frag_run = match (high, self.frag_run) {
+            (false, _) => (0, t),
+            (true, (0, _)) => (1, t),
+            (true, (n, since)) => (n + 1, since),
+        };
+        let held = self.frag_run.0 >= FRAG_SAMPLES && t - self.frag_run.1 >= FRAG_HOLD_S;
         let unused = a.reserved.saturating_sub(a.allocated);
         self.set(
             HintKind::Fragmentation,
             step,
             unused,
-            self.frag_run >= FRAG_SAMPLES,
+            held,
             share < FRAG_CLEAR,
             |raised| {
                 if raised {
@@ -623,8 +632,28 @@ mod tests {
         })
     }
 
+    std::thread_local! {
+        /// The run clock of a test's messages (each test runs on its own thread).
+        static CLOCK: std::cell::Cell<f64> = const { std::cell::Cell::new(0.0) };
+    }
+
+    /// Messages a quarter second apart (the sampler's old 4 Hz), on from the last one fed.
     fn feed(e: &mut HintEngine, msgs: impl IntoIterator<Item = Telemetry>) -> Vec<Hint> {
-        msgs.into_iter().flat_map(|m| e.observe(&m)).collect()
+        feed_every(e, msgs, 0.25)
+    }
+
+    fn feed_every(
+        e: &mut HintEngine,
+        msgs: impl IntoIterator<Item = Telemetry>,
+        every: f64,
+    ) -> Vec<Hint> {
+        msgs.into_iter()
+            .flat_map(|m| {
+                let t = CLOCK.get() + every;
+                CLOCK.set(t);
+                e.observe(&m, t)
+            })
+            .collect()
     }
 
     #[test]
@@ -821,6 +850,22 @@ mod tests {
         assert!(got[0].text.contains("expandable_segments:True"));
         let got = feed(&mut e, [cuda(9 * g, 10 * g, g / 2, 11 * g)]);
         assert!(!got[0].raised);
+    }
+
+    /// At 20 Hz three samples are a tenth of a second of one step's transient cache: the
+    /// fragmentation must hold half a second before it is said.
+    #[test]
+    fn fragmentation_must_hold_half_a_second_at_any_rate() {
+        let g = 1u64 << 30;
+        let mut e = HintEngine::new();
+        let frag = cuda(6 * g, 10 * g, 3 * g, 11 * g);
+        // 0.45 s from the first to the tenth.
+        assert!(feed_every(&mut e, vec![frag.clone(); 10], 0.05).is_empty());
+        let got = feed_every(&mut e, vec![frag.clone(); 2], 0.05);
+        assert_eq!(got.len(), 1, "0.55 s held at 20 Hz");
+        // A sample without it starts the count again.
+        feed_every(&mut e, [cuda(9 * g, 10 * g, g / 2, 11 * g)], 0.05);
+        assert!(feed_every(&mut e, vec![frag; 10], 0.05).is_empty());
     }
 
     #[test]

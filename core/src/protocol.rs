@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::command::Command;
 use crate::record::Record;
-use crate::telemetry::Telemetry;
+use crate::telemetry::{kept_sample_slot, Telemetry};
 
 /// This build's protocol version. A different major version is refused with an `error`
 /// line; a newer minor version is accepted (records of kinds a reader does not know are
@@ -340,7 +340,22 @@ impl CatchUp {
                 // Two records per step.
                 push(&mut self.steps, self.limits.steps * 2, item)
             }
-            Telemetry::Sample(_) => push(&mut self.samples, self.limits.samples, item),
+            // One reading a slot, the highest, as the log keeps them: the catch-up's
+            // chart spans the same time at any sampler rate.
+            Telemetry::Sample(s) => {
+                // Whether this slot's reading so far holds at least as much memory.
+                let kept_higher = self.samples.back().and_then(|(_, last)| match &last.msg {
+                    Telemetry::Sample(k) if kept_sample_slot(last.t) == kept_sample_slot(r.t) => {
+                        Some(k.memory_used() >= s.memory_used())
+                    }
+                    _ => None,
+                });
+                match kept_higher {
+                    None => push(&mut self.samples, self.limits.samples, item),
+                    Some(false) => *self.samples.back_mut().expect("this slot's reading") = item,
+                    Some(true) => {}
+                }
+            }
             // A plan's check of every step is for the log; no view draws it, and in the
             // event history it would push the run's events out of the catch-up.
             Telemetry::PlanCheck(_) => {}
@@ -557,6 +572,37 @@ mod tests {
         assert_eq!(kinds.iter().filter(|k| **k == "notice").count(), 4);
         let line = c.status_line(7, 0, 1.0);
         assert_eq!(line.status, "running");
+    }
+
+    /// 20 readings a second keep 4 (the highest of each quarter second): the catch-up's
+    /// chart spans as much time as at 4 Hz, and a spike between is not lost.
+    #[test]
+    fn a_catch_up_keeps_the_highest_reading_of_each_quarter_second() {
+        let mut c = CatchUp::new(CatchUpLimits {
+            steps: 2,
+            samples: 3,
+            events: 4,
+        });
+        for i in 0..40u64 {
+            let mut s = SystemSample::default();
+            s.host.process_rss = if i == 27 { 1 << 30 } else { i };
+            c.keep(&Record::new(
+                0.0,
+                i as f64 * 0.05 + 0.01,
+                Telemetry::Sample(s),
+            ));
+        }
+        let kept: Vec<(f64, u64)> = c
+            .records()
+            .iter()
+            .map(|r| match &r.msg {
+                Telemetry::Sample(s) => ((r.t * 100.0).round() / 100.0, s.host.process_rss),
+                _ => panic!("only readings were kept"),
+            })
+            .collect();
+        // Slots of 5 readings; the ring holds the last three (1.25–2.0 s), the spike
+        // kept in its own.
+        assert_eq!(kept, [(1.36, 1 << 30), (1.71, 34), (1.96, 39)]);
     }
 
     #[test]

@@ -335,6 +335,26 @@ pub struct SystemSample {
     pub heap: Option<HeapStats>,
 }
 
+/// The span of run time in which what keeps readings for later (the log, a viewer's
+/// catch-up) keeps one, the one using the most memory: 4 a second, whatever the rate.
+pub const KEPT_SAMPLE_EVERY: f64 = 0.25;
+
+/// The slot of [`KEPT_SAMPLE_EVERY`] a reading at run time `t` falls in.
+pub fn kept_sample_slot(t: f64) -> i64 {
+    (t / KEPT_SAMPLE_EVERY).floor() as i64
+}
+
+impl SystemSample {
+    /// The memory the run's own figure says it uses: the device's on a GPU, else the
+    /// process's resident set (what the screen's memory chart draws).
+    pub fn memory_used(&self) -> u64 {
+        match &self.gpu {
+            Some(g) => g.mem_used,
+            None => self.host.process_rss,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct HostStats {
     /// Whole-machine CPU use, 0..=100.

@@ -3,6 +3,7 @@
 //!
 //! No libtorch here: the Python extension links this crate beside the user's own torch.
 pub mod conn;
+pub mod log_thinning;
 pub mod logger;
 pub mod out;
 pub mod own_heap;

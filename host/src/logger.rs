@@ -14,6 +14,8 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use headroom_core::logfile::{self, FrameWriter, Rotate};
 use headroom_core::{Bus, Level, Notice, Record, Telemetry};
 
+use crate::log_thinning::Thinning;
+
 pub struct LogWriter {
     thread: JoinHandle<Option<String>>,
     path: PathBuf,
@@ -388,6 +390,7 @@ impl LogWriter {
                     }
                 };
                 let mut rotation = rotation.map(|r| (r, Instant::now(), 0u32));
+                let mut thinning = Thinning::default();
                 // A compressed log's high-rate records wait at most ZST_FLUSH for a flush.
                 let mut unflushed_since: Option<Instant> = None;
                 loop {
@@ -414,8 +417,16 @@ impl LogWriter {
                     let Some(w) = out.as_mut() else {
                         continue;
                     };
-                    let lifecycle = !line.msg.is_high_rate();
-                    let mut res = w.write(&line);
+                    // A reading may wait for the rest of its slot (log_thinning).
+                    let (held, line) = thinning.offer(line);
+                    if held.is_none() && line.is_none() {
+                        continue;
+                    }
+                    let lifecycle = line.as_ref().is_some_and(|l| !l.msg.is_high_rate());
+                    let mut res = Ok(());
+                    for rec in held.iter().chain(line.iter()) {
+                        res = res.and_then(|()| w.write(rec));
+                    }
                     // Flush on lifecycle events so a crash loses at most a few steps'
                     // figures, never the record of what happened; a plain log also when
                     // the queue is empty, a compressed one a second later at most.
@@ -459,8 +470,9 @@ impl LogWriter {
                         }
                     }
                 }
-                if let Some(w) = out.take() {
-                    if let Err(e) = w.close() {
+                if let Some(mut w) = out.take() {
+                    let last = thinning.take().map_or(Ok(()), |h| w.write(&h));
+                    if let Err(e) = last.and_then(|()| w.close()) {
                         failed = Some(format!("flushing log {} failed: {e}", path.display()));
                     }
                 }

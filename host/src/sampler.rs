@@ -25,6 +25,16 @@ const HOST_EVERY: Duration = Duration::from_millis(250);
 /// slowly and no OOM hides in them: read at most this often; its memory every sample.
 const GPU_SLOW_EVERY: Duration = HOST_EVERY;
 
+/// The share of one core a sample's reads may take (the sampler thread's own CPU time,
+/// the segment map's snapshots apart): past it the rate falls until it fits. A reading
+/// costs what the machine makes it cost (/proc on a VM, NVML on a busy driver, the GIL
+/// for a Python run's allocator), so the rate asked is a ceiling, not a promise; the
+/// other half of 1% is the sample's trip (bus, log, viewers).
+pub const READ_BUDGET: f64 = 0.005;
+
+/// How long the sampler measures its reads before it judges their rate.
+const PACE_WINDOW: Duration = Duration::from_secs(2);
+
 /// Which accelerator the run uses; `None` for a CPU run (then GPU figures would describe
 /// a device the run does not touch, so none are read).
 pub type CudaIndex = Option<usize>;
@@ -59,13 +69,20 @@ impl Sampler {
             .name("sampler".into())
             .spawn(move || {
                 let mut sources = Sources::open(&bus, cuda, allocator);
+                let mut pace = Pace::new(period);
                 loop {
-                    bus.send(Telemetry::Sample(sources.read(&bus)));
+                    let before = thread_cpu();
+                    let sample = sources.read(&bus);
+                    let cost = thread_cpu().zip(before).map(|(a, b)| a.saturating_sub(b));
+                    bus.send(Telemetry::Sample(sample));
                     if let Some(map) = sources.segments(&bus) {
                         bus.send(Telemetry::Segments(map));
                     }
+                    if let Some(slowed) = cost.and_then(|c| pace.record(c, Instant::now())) {
+                        bus.send(Telemetry::Notice(slowed));
+                    }
                     // recv_timeout doubles as an interruptible sleep: stop is prompt.
-                    match stopped.recv_timeout(period) {
+                    match stopped.recv_timeout(pace.period) {
                         Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
                         _ => break,
                     }
@@ -98,6 +115,83 @@ impl Drop for Sampler {
             let _ = t.join();
         }
     }
+}
+
+/// The CPU time this thread has used; `None` where the clock is missing (then the rate
+/// asked is kept).
+fn thread_cpu() -> Option<Duration> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, which lives on this stack frame.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (rc == 0).then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+}
+
+/// The sampler's period: the one asked, or longer while a sample's reads would take more
+/// than [`READ_BUDGET`] of a core at it. Judged every [`PACE_WINDOW`] from the CPU time
+/// the reads took, so a slow phase (a loaded driver) slows it and its end lets it back.
+struct Pace {
+    asked: Duration,
+    period: Duration,
+    window: Option<(Instant, Duration, u32)>,
+    /// Said once: the first time the rate fell below the one asked.
+    told: bool,
+}
+
+impl Pace {
+    fn new(asked: Duration) -> Pace {
+        Pace {
+            asked,
+            period: asked,
+            window: None,
+            told: false,
+        }
+    }
+
+    /// One sample's reads took `cost` of this thread's CPU; a notice when the rate first
+    /// falls below the one asked.
+    fn record(&mut self, cost: Duration, now: Instant) -> Option<Notice> {
+        // The first reading opens the sources' files and NVML's handles: not a sample's cost.
+        let Some((since, spent, n)) = self.window.as_mut() else {
+            self.window = Some((now, Duration::ZERO, 0));
+            return None;
+        };
+        *spent += cost;
+        *n += 1;
+        if now.duration_since(*since) < PACE_WINDOW {
+            return None;
+        }
+        let per_sample = *spent / *n;
+        self.window = Some((now, Duration::ZERO, 0));
+        let was = self.period;
+        self.period = paced(self.asked, per_sample);
+        if self.period <= self.asked || self.period == was || self.told {
+            return None;
+        }
+        self.told = true;
+        let hz = |p: Duration| 1.0 / p.as_secs_f64();
+        Some(Notice::new(
+            Level::Info,
+            "sampler",
+            format!(
+                "live figures at {:.1} Hz instead of the {:.0} asked: a sample's reads take \
+                 {} µs of CPU here, kept under {}% of a core (each step still records its \
+                 own peak)",
+                hz(self.period),
+                hz(self.asked),
+                per_sample.as_micros(),
+                READ_BUDGET * 100.0
+            ),
+        ))
+    }
+}
+
+/// The shortest period at which reads costing `per_sample` stay within [`READ_BUDGET`],
+/// never shorter than the one asked.
+fn paced(asked: Duration, per_sample: Duration) -> Duration {
+    asked.max(per_sample.div_f64(READ_BUDGET))
 }
 
 struct Sources {
@@ -374,6 +468,81 @@ mod tests {
                 _ => None,
             });
         assert_eq!(logged.and_then(|n| n.detail), Some(detail));
+    }
+
+    /// Reads that would take more than the budget at the rate asked slow the sampler
+    /// (said once), cheap ones let it back to the rate asked; the first reading (the
+    /// sources opening) is not counted.
+    #[test]
+    fn costly_reads_slow_the_sampler_until_they_fit_and_cheap_ones_let_it_back() {
+        let asked = Duration::from_millis(50);
+        let mut pace = Pace::new(asked);
+        let mut at = Instant::now();
+        // Opening cost a second of CPU: ignored.
+        assert!(pace.record(Duration::from_secs(1), at).is_none());
+        let mut run = |pace: &mut Pace, cost: Duration, seconds: u64| -> Vec<Notice> {
+            let until = at + Duration::from_secs(seconds);
+            let mut told = Vec::new();
+            while at < until {
+                told.extend(pace.record(cost, at));
+                at += pace.period;
+            }
+            told
+        };
+        // 40 µs reads at 20 Hz are 0.08% of a core.
+        assert!(run(&mut pace, Duration::from_micros(40), 5).is_empty());
+        assert_eq!(pace.period, asked);
+        // 1 ms reads (a loaded driver): 20 Hz would be 2% of a core; 5 Hz is the budget.
+        let told = run(&mut pace, Duration::from_millis(1), 5);
+        assert_eq!(pace.period, Duration::from_millis(200));
+        assert_eq!(told.len(), 1, "{told:?}");
+        // (The window that saw the change mixes both costs: a rate between is said.)
+        assert!(
+            told[0].text.contains("Hz instead of the 20 asked"),
+            "{}",
+            told[0].text
+        );
+        // Cheap again: back to the rate asked, without another notice.
+        assert!(run(&mut pace, Duration::from_micros(40), 5).is_empty());
+        assert_eq!(pace.period, asked);
+        // Slowed a second time: said once was enough.
+        assert!(run(&mut pace, Duration::from_millis(2), 5).is_empty());
+        assert_eq!(pace.period, Duration::from_millis(400));
+    }
+
+    #[test]
+    fn the_pace_never_goes_faster_than_asked() {
+        let asked = Duration::from_millis(250);
+        assert_eq!(paced(asked, Duration::ZERO), asked);
+        assert_eq!(paced(asked, Duration::from_micros(1000)), asked);
+        assert_eq!(
+            paced(asked, Duration::from_micros(2000)),
+            Duration::from_millis(400)
+        );
+    }
+
+    /// The clock the pace is judged by counts this thread's CPU, not the time it waits.
+    #[test]
+    fn the_thread_clock_counts_work_not_sleep() {
+        let a = thread_cpu().expect("CLOCK_THREAD_CPUTIME_ID on Linux");
+        std::thread::sleep(Duration::from_millis(30));
+        let b = thread_cpu().unwrap();
+        assert!(
+            b - a < Duration::from_millis(5),
+            "slept, yet {:?} of CPU",
+            b - a
+        );
+        let spin = Instant::now();
+        let mut x = 0u64;
+        while spin.elapsed() < Duration::from_millis(30) {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        let c = thread_cpu().unwrap();
+        assert!(
+            c - b >= Duration::from_millis(10),
+            "spun 30 ms, {:?} of CPU",
+            c - b
+        );
     }
 
     #[test]

@@ -143,7 +143,7 @@ impl NativeRun {
     #[new]
     #[pyo3(signature = (
         name, *, producer, device, device_name, parameters, total_steps,
-        effective_batch, micro_batch, log=None, listen=None, sample_hz=4.0,
+        effective_batch, micro_batch, log=None, listen=None, sample_hz=20.0,
         cuda_index=None, device_total=None, allocator=None, memory_budget=None,
         hard_limit=false, thresholds=None, profile=None, adaptive=false, job=None,
         checkpoints=false, precision=None, checkpointing=None, half_precision=None,

@@ -14,8 +14,11 @@ const MIB: u64 = 1 << 20;
 fn leaking_run() -> App {
     let mut app = App::new("default", true);
     let mut rules = HintEngine::new();
+    // The run's clock: a record every tenth of a second.
+    let mut t = 0.0;
     let mut apply = |app: &mut App, msg: Telemetry| {
-        for h in rules.observe(&msg) {
+        t += 0.1;
+        for h in rules.observe(&msg, t) {
             app.apply(&Telemetry::Hint(h));
         }
         app.apply(&msg);

@@ -107,7 +107,7 @@ class Run(StopSignals, JobRank):
         log: str | os.PathLike | None = None,
         listen: str | int | None = None,
         on_checkpoint: Callable[[int], Any] | None = None,
-        sample_hz: float = 4.0,
+        sample_hz: float = 20.0,
         job_view: bool = True,
         finish_previous: bool = True,
         plan: Any = None,
