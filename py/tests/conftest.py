@@ -201,9 +201,13 @@ class FailInBackward(torch.autograd.Function):
 
 
 class TinyGPT(torch.nn.Module):
-    """A small causal transformer over byte tokens."""
+    """A small causal transformer over byte tokens. `branch`: a layer only the samples
+    whose first token is 0 go through (registered last, so its gradients are in the first
+    bucket a DDP job reduces); a micro-batch without such a sample gives it no gradient."""
 
-    def __init__(self, vocab: int = 64, d: int = 32, t: int = 16, layers: int = 2):
+    def __init__(
+        self, vocab: int = 64, d: int = 32, t: int = 16, layers: int = 2, branch: bool = False
+    ):
         super().__init__()
         self.tok = torch.nn.Embedding(vocab, d)
         self.pos = torch.nn.Parameter(torch.randn(t, d) * 0.02)
@@ -215,9 +219,14 @@ class TinyGPT(torch.nn.Module):
         )
         self.head = torch.nn.Linear(d, vocab)
         self.hook = None
+        self.branch = torch.nn.Linear(d, d) if branch else None
 
     def forward(self, x):
         h = self.tok(x) + self.pos[: x.shape[1]]
+        if self.branch is not None:
+            taken = x[:, 0] == 0
+            if taken.any():
+                h = torch.where(taken[:, None, None], h + self.branch(h), h)
         if self.hook is not None:
             h = self.hook(h)
         mask = torch.nn.Transformer.generate_square_subsequent_mask(x.shape[1])
@@ -251,6 +260,13 @@ class TinyCNN(torch.nn.Module):
     def loss(self, batch):
         x, y = batch
         return torch.nn.functional.cross_entropy(self(x), y)
+
+
+def branch_batch(x: torch.Tensor, first: int) -> None:
+    """Token batch `x` (in place): its first `first` samples take TinyGPT's branch, the
+    others never do (a rank per share of a global batch: only rank 0's data takes it)."""
+    x[:first, 0] = 0
+    x[first:, 0].clamp_(min=1)
 
 
 def gpt_batches(steps: int, n: int, t: int = 16, vocab: int = 64, seed: int = 0):

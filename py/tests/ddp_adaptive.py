@@ -16,7 +16,15 @@ import torch.distributed as dist
 import headroom
 from headroom import _native, _torch
 
-from conftest import FailInBackward, TinyGPT, die_with_parent, injection_plan, leave, say
+from conftest import (
+    FailInBackward,
+    TinyGPT,
+    branch_batch,
+    die_with_parent,
+    injection_plan,
+    leave,
+    say,
+)
 
 
 def main() -> int:
@@ -29,7 +37,9 @@ def main() -> int:
         "--inject",
         default="",
         help="RANK:POINT@STEP,POINT@STEP... (points: forward-middle, backward-first, "
-        "backward-last, optimizer-state; the optimizer's state exists after step 1)",
+        "backward-last, optimizer-state, zero-fill; the optimizer's state exists after step "
+        "1; zero-fill: headroom's zeros for the --branch gradients this rank lacks, for as "
+        "long as the step's attempt lasts)",
     )
     ap.add_argument("--budget-rank", type=int, default=-1, help="the rank given a hard cap")
     ap.add_argument(
@@ -54,12 +64,21 @@ def main() -> int:
     )
     ap.add_argument("--checkpoint", action="store_true", help="on_checkpoint writes a file")
     ap.add_argument("--fixed", action="store_true", help="adaptive=False: the size is held")
+    ap.add_argument(
+        "--branch", action="store_true", help="a layer only rank 0's samples go through"
+    )
+    ap.add_argument(
+        "--reduce-after-from",
+        type=int,
+        default=0,
+        help="from this step on, the gradients are all-reduced after the last backward",
+    )
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     out = Path(args.out)
     torch.manual_seed(0)
-    inner = TinyGPT(d=args.width, t=args.seq)
+    inner = TinyGPT(d=args.width, t=args.seq, branch=args.branch)
     caps = {"bucket_cap_mb": args.bucket_kib / 1024} if args.bucket_kib else {}
     model = torch.nn.parallel.DistributedDataParallel(inner, **caps)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -70,6 +89,8 @@ def main() -> int:
     def batches():
         for _ in range(args.steps):
             x = torch.randint(0, 64, (args.per_rank * world, args.seq), generator=gen)
+            if args.branch:
+                branch_batch(x, args.per_rank)
             yield x, torch.roll(x, -1, dims=1)
 
     plan = injection_plan(args.inject, rank)
@@ -99,6 +120,11 @@ def main() -> int:
         ):
             state["fired"].append(step)
             FailInBackward.armed = True
+        if point == "zero-fill":
+            torch.zeros_like = failing_zeros_like
+        elif torch.zeros_like is failing_zeros_like:
+            # The step's redo: the shortage is over.
+            torch.zeros_like = real_zeros_like
         inner.hook = FailInBackward.apply
         logits = model(x)
         loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
@@ -113,6 +139,18 @@ def main() -> int:
         torch.Tensor.clone = real_clone
         state["fired"].append(state["step"])
         _torch.provoke_oom(self.device)
+
+    real_zeros_like = torch.zeros_like
+    branch_params = list(inner.branch.parameters()) if args.branch else []
+
+    def failing_zeros_like(t, *a, **k):
+        # Zeros for a gradient of the branch, which this rank's data never takes: they do
+        # not fit until the step's attempt ends (a real shortage would not pass either).
+        if any(t is p for p in branch_params):
+            if state["step"] not in state["fired"]:
+                state["fired"].append(state["step"])
+            _torch.provoke_oom(t.device)
+        return real_zeros_like(t, *a, **k)
 
     def on_checkpoint(step):
         p = out / f"ckpt-rank{rank}-step{step}.pt"
@@ -141,12 +179,15 @@ def main() -> int:
             if run.should_stop:
                 break
             state.update(step=step, done=0)
+            if step == args.reduce_after_from:
+                run._job.set_overlap(False)
             lo, hi = rank * args.per_rank, (rank + 1) * args.per_rank
             run.backward((x[lo:hi], y[lo:hi]), loss_fn)
             if plan.get(step) == "optimizer-state":
                 torch.Tensor.clone = failing_clone
             run.step(opt)
             torch.Tensor.clone = real_clone
+            torch.zeros_like = real_zeros_like
             time.sleep(args.step_sleep)
         steps_done = run.step_count
         overlap = getattr(run._job, "overlap", None)

@@ -19,6 +19,7 @@ import torch
 from conftest import (
     TinyGPT,
     assert_params_close,
+    branch_batch,
     finish,
     gpt_batches,
     kinds,
@@ -33,13 +34,18 @@ SEQ, WIDTH = 16, 32
 
 
 def reference(
-    steps: int, global_batch: int, seq: int = SEQ, width: int = WIDTH
+    steps: int, global_batch: int, seq: int = SEQ, width: int = WIDTH, branch: int = 0
 ) -> dict[str, torch.Tensor]:
-    """One process, the whole global batch in one backward per step."""
+    """One process, the whole global batch in one backward per step. `branch`: the model
+    has TinyGPT's branch, which the batch's first `branch` samples take (rank 0's)."""
     torch.manual_seed(0)
-    model = TinyGPT(d=width, t=seq)
+    model = TinyGPT(d=width, t=seq, branch=branch > 0)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     for b in gpt_batches(steps, global_batch, t=seq, seed=0):
+        if branch:
+            x = b[0]
+            branch_batch(x, branch)
+            b = (x, torch.roll(x, -1, dims=1))
         model.loss(b).backward()
         opt.step()
         opt.zero_grad()
@@ -122,6 +128,57 @@ def test_ooms_on_one_rank_at_every_point_are_recovered_by_the_job(
         assert r["agree_us"] / 1e6 < slowest + 1.0, (r["step"], r["agree_us"], r["ranks"])
     got = torch.load(tmp_path / "params.pt")
     assert_params_close(got, reference(steps, per_rank * world), TOL)
+
+
+def test_an_oom_in_the_zeros_for_a_gradient_a_rank_lacks_is_that_ranks_own(tmp_path):
+    """Only rank 0's samples take the model's branch, so rank 1 reduces zeros for its
+    gradients; at steps 2 and 3 those zeros do not fit (every try, until the step starts
+    over). Every rank redoes the step, rank 1 as after its own OOM (said so, and smaller:
+    its controller was told), rank 0 saying another rank ran out; the parameters stay
+    exact. Step 2 with the all-reduce overlapped (8 KiB buckets, the branch's first), step
+    3 after the last backward (the fallback)."""
+    steps, per_rank = 3, 8
+    job = torchrun(
+        2,
+        "ddp_adaptive.py",
+        "--branch",
+        "--bucket-kib",
+        "8",
+        "--reduce-after-from",
+        "3",
+        "--steps",
+        str(steps),
+        "--per-rank",
+        str(per_rank),
+        "--micro",
+        "4",
+        "--inject",
+        "1:zero-fill@2,zero-fill@3",
+        "--out",
+        str(tmp_path),
+    )
+    finish(job, timeout=120)
+    logs = [tmp_path / f"rank{r}.jsonl" for r in range(2)]
+    for r, log in enumerate(logs):
+        assert [s["step"] for s in kinds(log, "step")] == list(range(1, steps + 1)), r
+    assert json.loads((tmp_path / "done-rank1.json").read_text())["fired"] == [2, 3]
+    ooms = kinds(logs[1], "oom")
+    assert [o["step"] for o in ooms] == [2, 3], ooms
+    for o in ooms:
+        assert o["retry_with"] < o["micro_batch"], o
+        assert kinds(logs[1], "step")[o["step"] - 1]["micro_batch"] == o["retry_with"], o
+    assert not kinds(logs[0], "oom")
+    for step in (2, 3):
+        own = [n["text"] for n in kinds(logs[1], "notice") if f"step {step}:" in n["text"]]
+        assert len(own) == 1 and "out of memory on this rank" in own[0], own
+        other = [n["text"] for n in kinds(logs[0], "notice") if f"step {step}:" in n["text"]]
+        assert len(other) == 1, other
+        assert "another rank of the job ran out of memory" in other[0], other
+    # Each of those steps agreed twice: every rank redid it.
+    rows = kinds(logs[0], "job_ranks")
+    assert [r["step"] for r in rows] == [1, 2, 2, 3, 3], [r["step"] for r in rows]
+    got = torch.load(tmp_path / "params.pt")
+    assert_params_close(got, reference(steps, per_rank * 2, branch=per_rank), TOL)
 
 
 def test_a_rank_with_a_tighter_cap_splits_finer_and_the_job_trains(tmp_path):

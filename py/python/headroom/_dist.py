@@ -492,45 +492,82 @@ class Job:
         """After this rank's last backward of a step (done, or failed with `oom` or
         `failed`): the buckets it had not launched, then the verdict every rank reads (on
         headroom's gloo group, so it waits like the agreement: signals and lost peers
-        seen), then the all-reduces' results in the gradients."""
+        seen), then the all-reduces' results in the gradients. The verdict's `zeros_oom`:
+        this rank's zeros for a gradient it lacks did not fit, its own out-of-memory error
+        in the last backward for every purpose (the caller's controller is told)."""
         ov = self.overlap
+        zeros_oom = None
         try:
             try:
                 ov.launch_rest(abort=oom or failed)
             except RuntimeError as e:
                 if not _torch.is_oom(e):
                     raise
-                # Zeros for a gradient this rank lacks did not fit: the step is redone
-                # like any out-of-memory error in it (abort mode allocates no more).
-                oom = True
+                zeros_oom = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 ov.launch_rest(abort=True)
-            mine = ov.verdict_record(oom, failed)
+            mine = ov.verdict_record(oom or zeros_oom is not None, failed)
             work = self.dist.all_reduce(mine, group=self.meta, async_op=True)
             self._wait(work, step, self.agreements)
             self.agreements += 1
             v = ov.read(mine)
+            v.zeros_oom = zeros_oom
             if v.redo or v.failed:
                 ov.abort = True
+            # Allocates nothing: every gradient a bucket copies back into exists.
             ov.drain()
         except RankFailed:
             raise
         except RuntimeError as e:
             if _torch.is_oom(e):
-                # Zeros for a gradient only other ranks have, after the verdict: this
-                # rank fails the step, and its agreement says so.
+                # Abort mode's one allocation, a stand-in for a gradient larger than a
+                # bucket that this rank lacks, did not fit either.
                 raise
             raise self._peer_lost(step, self.agreements, e) from e
         if not (v.redo or v.failed):
             ov.drop_unused(v)
         return v
 
-    def reduce(self, step: int, grads_agree: bool) -> None:
+    def reduce(self, step: int, grads_agree: bool) -> _overlap.Verdict | None:
+        """The gradients' all-reduce after every rank's last backward (the overlap off).
+        When the ranks disagree on which parameters have gradients, each first makes zeros
+        for those it lacks, then every rank reads a verdict, as after an overlapped
+        backward, before anything is reduced: zeros that did not fit on any rank have
+        every rank redo the step (nothing reduced; `zeros_oom` on the rank they did not
+        fit), and a parameter no rank has a gradient for keeps none. Returns that verdict
+        (None when no zeros were needed)."""
         if self.reducer is None:
-            return
+            return None
+        v = None
         try:
-            self.reducer.reduce(zero_fill=not grads_agree)
+            if not grads_agree:
+                had = [p.grad is not None for p in self.params]
+                zeros_oom = None
+                try:
+                    self.reducer.zero_fill()
+                except RuntimeError as e:
+                    if not _torch.is_oom(e):
+                        raise
+                    zeros_oom = (
+                        str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                    )
+                head = [1.0 if zeros_oom else 0.0, 0.0, 0.0]
+                mine = torch.tensor(head + [1.0 if h else 0.0 for h in had], dtype=torch.float64)
+                work = self.dist.all_reduce(mine, group=self.meta, async_op=True)
+                self._wait(work, step, self.agreements)
+                self.agreements += 1
+                v = _overlap.Overlap.read(mine)
+                v.zeros_oom = zeros_oom
+                if v.redo:
+                    return v
+                for p, has in zip(self.params, v.has_grad):
+                    if not has:
+                        p.grad = None
+            self.reducer.reduce()
+        except RankFailed:
+            raise
         except RuntimeError as e:
             raise self._peer_lost(step, self.agreements, e) from e
+        return v
 
 
 class GradReducer:
@@ -553,17 +590,20 @@ class GradReducer:
             per = BUCKET_BYTES // torch.empty((), dtype=dtype).element_size()
             self.buffers[(dtype, device)] = torch.empty(min(n, per), dtype=dtype, device=device)
 
-    def reduce(self, zero_fill: bool) -> None:
-        """`zero_fill`: the ranks disagree on which parameters have gradients (a branch
-        one rank's data took): those without one get zeros, so every rank reduces the
+    def zero_fill(self) -> None:
+        """Zeros for the gradients this rank lacks, when the ranks disagree on which
+        parameters have them (a branch one rank's data took), so every rank reduces the
         same tensors, as DDP does for unused parameters."""
-        pending: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
         for p in self.params:
             if p.grad is None:
-                if not zero_fill:
-                    continue
                 p.grad = torch.zeros_like(p)
-            pending.setdefault((p.dtype, p.device), []).append(p.grad)
+
+    def reduce(self) -> None:
+        """Every gradient this rank has: the same parameters' on every rank."""
+        pending: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+        for p in self.params:
+            if p.grad is not None:
+                pending.setdefault((p.dtype, p.device), []).append(p.grad)
         for key, grads in pending.items():
             self._reduce_group(self.buffers[key], grads)
 

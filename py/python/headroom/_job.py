@@ -206,17 +206,21 @@ class JobRank:
             raise _dist.Abandon(done, samples, agreed=True)
         job.overlap.arm()
 
-    def _after_last_backward(self, step: int, oom: bool = False, failed: bool = False) -> bool:
+    def _after_last_backward(
+        self, step: int, oom: bool = False, failed: bool = False
+    ) -> tuple[bool, str | None]:
         """This rank's last backward has ended (`oom`, `failed`: how it failed; `failed`
         also for a loss that is not finite): the verdict. A rank that failed raises its
         own error after this (the agreement then says it to the others, who end here).
-        Returns whether every rank redoes the step's samples."""
+        Returns whether every rank redoes the step's samples, and this rank's own
+        out-of-memory error if its zeros for a gradient it lacks did not fit: the caller
+        handles it as one in its last backward."""
         job = self._job
         v = job.end_overlap(step, oom, failed)
         if failed:
             # This rank's own error is raised by its caller, and its agreement tells the
             # others (who are at theirs below), whatever else the verdict says.
-            return False
+            return False, None
         if v.failed:
             self._clear_grads()
             self._job_agreed(step, job.agree(step, _dist.OK))
@@ -233,14 +237,33 @@ class JobRank:
                 level="warn",
                 source="job",
             )
-        elif v.oom and not oom:
+        elif v.oom and not (oom or v.zeros_oom):
             self._native.notice_text(
                 f"step {step}: another rank of the job ran out of memory in its last backward "
                 "while the gradients were being all-reduced; every rank redoes the step's samples",
                 level="warn",
                 source="job",
             )
-        return v.redo
+        return v.redo, v.zeros_oom
+
+    def _job_reduce(self, step: int, grads_agree: bool) -> tuple[bool, str | None]:
+        """The gradients' all-reduce after every rank's last backward (the overlap off).
+        Returns whether every rank redoes the step's samples (the gradients dropped), and
+        this rank's own out-of-memory error if its zeros for a gradient it lacks did not
+        fit: the caller handles it as one in its micro-batches."""
+        v = self._job.reduce(step, grads_agree)
+        if v is None or not v.redo:
+            return False, None
+        self._clear_grads()
+        if v.zeros_oom is None:
+            self._native.notice_text(
+                f"step {step}: another rank of the job ran out of memory making zeros for "
+                "gradients its samples did not produce, before the gradients' all-reduce; "
+                "every rank redoes the step's samples",
+                level="warn",
+                source="job",
+            )
+        return True, v.zeros_oom
 
     # ---- FSDP2: the same micro-batches on every rank, every collective gated ------------
 

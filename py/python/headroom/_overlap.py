@@ -23,7 +23,9 @@ Memory: buckets of several gradients go through a ring of ``RING`` buffers of th
 such bucket (at most DDP's ``bucket_cap_mb``) per dtype and device, allocated at the
 job's start; a gradient larger than a bucket is all-reduced in place. Nothing else is
 allocated, except zeros for a gradient this rank does not have (a branch its data did not
-take), as DDP's unused-parameter handling does.
+take), as DDP's unused-parameter handling does: made as its bucket is launched, before the
+verdict, so an out-of-memory error there is this rank's in its last backward (said in the
+verdict: every rank redoes the step), and nothing allocates after the verdict.
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ class Verdict:
     failed: int  # ranks whose step failed otherwise (an error, a non-finite loss)
     twice: int  # ranks where a gradient was accumulated twice in one backward
     has_grad: list[bool]  # per parameter: whether any rank has a gradient for it
+    # This rank's own out-of-memory error (its first line) making zeros for a gradient it
+    # lacks, counted in `oom`: the one field that differs between the ranks.
+    zeros_oom: str | None = None
 
     @property
     def redo(self) -> bool:
@@ -124,6 +129,8 @@ class Overlap:
         self.ready = [0] * len(self.buckets)
         self.fired = [False] * len(params)
         self.twice = False
+        # Per parameter: whether this rank had a gradient before any zeros were made.
+        self.had: list[bool] | None = None
         # (bucket, work, buffer or None), in launch order; a buffer's entry leaves when it
         # is reused or drained.
         self.pending: list[tuple[int, Any, torch.Tensor | None]] = []
@@ -144,6 +151,7 @@ class Overlap:
     def arm(self) -> None:
         """The ranks agreed the step's last backward runs: launch its buckets as they fill."""
         self.armed, self.abort, self.twice = True, False, False
+        self.had = None
         self.next = 0
         self.ready = [0] * len(self.buckets)
         self.fired = [False] * len(self.params)
@@ -178,6 +186,8 @@ class Overlap:
         not arrive count as they are, or as zeros). `abort`: this rank's backward failed;
         the collectives only keep the ranks in step, and nothing is copied back."""
         self.armed = False
+        if self.had is None:
+            self.had = [p.grad is not None for p in self.params]
         self.abort = self.abort or abort
         while self.next < len(self.buckets):
             self._launch(self.next)
@@ -185,11 +195,18 @@ class Overlap:
 
     def _launch(self, k: int) -> None:
         b = self.buckets[k]
+        if not self.abort:
+            # Zeros, as DDP reduces an unused parameter's; dropped again after the verdict
+            # if no rank has a gradient for it. Made before anything of the bucket is
+            # touched: after an out-of-memory error here the bucket is launched again.
+            for i in b.params:
+                p = self.params[i]
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
         if b.solo:
             p = self.params[b.params[0]]
             if p.grad is None:
-                # Zeros, as DDP reduces an unused parameter's; dropped again after the
-                # verdict if no rank has a gradient for it.
+                # Abort mode: a stand-in of the size (its contents do not matter).
                 p.grad = torch.zeros_like(p)
             work = self.dist.all_reduce(p.grad, op=self.op, group=self.group, async_op=True)
             self.pending.append((k, work, None))
@@ -246,14 +263,14 @@ class Overlap:
             for i in b.params:
                 p = self.params[i]
                 n = p.numel()
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
+                # Every gradient exists: zero-filled at the launch, unless aborted.
                 p.grad.copy_(flat[off : off + n].view_as(p))
                 off += n
 
     def verdict_record(self, oom: bool, failed: bool) -> torch.Tensor:
-        """This rank's part of the verdict (summed over the ranks)."""
-        has = [0.0 if p.grad is None else 1.0 for p in self.params]
+        """This rank's part of the verdict (summed over the ranks): the gradients it had,
+        not the zeros it made."""
+        has = [1.0 if h else 0.0 for h in self.had]
         head = [float(oom), float(failed), float(self.twice)]
         return torch.tensor(head + has, dtype=torch.float64)
 

@@ -570,45 +570,63 @@ class Run(StopSignals, JobRank):
         # fp16 in force by the precision lever: the run's GradScaler (run.step uses it too).
         scaler = scaler if scaler is not None else self._levers.scaler
         given_up = None
-        try:
-            if job is not None and job.fsdp is not None:
-                total, mb, predicted = self._accumulate_sharded(
-                    batch, loss_fn, cut, n, seq, step, mb, reduction, backward, scaler
-                )
-            else:
-                with job.no_sync() if job is not None else contextlib.nullcontext():
-                    total, mb, predicted = self._accumulate(
+        # A job's reduction after the last backward found that this rank's zeros for a
+        # gradient it lacks did not fit: its own out-of-memory error, the step redone.
+        zeros_oom = None
+        while True:
+            try:
+                if zeros_oom is not None:
+                    mb = self._retry_after_oom(step, mb, seq, zeros_oom)
+                    self.notice(
+                        f"step {step}: out of memory on this rank making zeros for gradients "
+                        "its samples did not produce, before the gradients' all-reduce; every "
+                        "rank of the job drops the step's gradients and its samples start "
+                        f"over, this rank's at micro-batch {mb}",
+                        level="warn",
+                    )
+                    zeros_oom = None
+                if job is not None and job.fsdp is not None:
+                    total, mb, predicted = self._accumulate_sharded(
                         batch, loss_fn, cut, n, seq, step, mb, reduction, backward, scaler
                     )
-            value = float(total)
-            if not math.isfinite(value):
-                raise LossError(
-                    f"step {step}: the batch's loss is {value} (training diverged, or the data "
-                    "holds a NaN/inf); the gradients were cleared. Lower the learning rate or "
-                    "check the batch"
-                )
-        except _dist.Abandon as e:
-            # A stop signal on this rank: the step is given up at the agreement, by every
-            # rank together (below).
-            given_up = e
-        except BaseException as e:
-            # Whatever ends the step early (a bad loss, an error in loss_fn, Ctrl-C)
-            # leaves no gradient of it behind: a retried step starts clean.
-            self._clear_grads()
-            if job is not None:
-                self._job_fail(step, e)
-            raise
-        if job is not None:
+                else:
+                    with job.no_sync() if job is not None else contextlib.nullcontext():
+                        total, mb, predicted = self._accumulate(
+                            batch, loss_fn, cut, n, seq, step, mb, reduction, backward, scaler
+                        )
+                value = float(total)
+                if not math.isfinite(value):
+                    raise LossError(
+                        f"step {step}: the batch's loss is {value} (training diverged, or the "
+                        "data holds a NaN/inf); the gradients were cleared. Lower the learning "
+                        "rate or check the batch"
+                    )
+            except _dist.Abandon as e:
+                # A stop signal on this rank: the step is given up at the agreement, by
+                # every rank together (below).
+                given_up = e
+            except BaseException as e:
+                # Whatever ends the step early (a bad loss, an error in loss_fn, Ctrl-C)
+                # leaves no gradient of it behind: a retried step starts clean.
+                self._clear_grads()
+                if job is not None:
+                    self._job_fail(step, e)
+                raise
+            if job is None:
+                break
             if given_up is not None and given_up.agreed:
                 return self._give_up_step(step, given_up)
-            if given_up is not None or not self._overlapped():
-                # (Overlapped, the agreement came before the last backward, the gradients'
-                # all-reduce during it.)
-                agreed = job.agree(step, _dist.ABANDON if given_up else _dist.OK)
-                self._job_agreed(step, agreed)
-                if agreed.abandon:
-                    return self._give_up_step(step, given_up)
-                job.reduce(step, agreed.grads_agree)
+            if given_up is None and self._overlapped():
+                # The agreement came before the last backward, the gradients' all-reduce
+                # during it.
+                break
+            agreed = job.agree(step, _dist.ABANDON if given_up else _dist.OK)
+            self._job_agreed(step, agreed)
+            if agreed.abandon:
+                return self._give_up_step(step, given_up)
+            redo, zeros_oom = self._job_reduce(step, agreed.grads_agree)
+            if not redo:
+                break
         self._accumulated = (step, mb, seq, n, t0, value, predicted)
         return value
 
@@ -653,10 +671,13 @@ class Run(StopSignals, JobRank):
                     self._after_last_backward(step, failed=True)
                 raise
             loss = None
-            if failed is None:
-                if overlapped and self._after_last_backward(
+            zeros = False
+            if failed is None and overlapped:
+                redo, failed = self._after_last_backward(
                     step, failed=not math.isfinite(float(total))
-                ):
+                )
+                zeros = failed is not None
+                if redo and not zeros:
                     # Another rank's last backward ran out of memory: the step's gradients
                     # are dropped on every rank, and its samples start again.
                     self._clear_grads()
@@ -664,6 +685,7 @@ class Run(StopSignals, JobRank):
                     start = 0
                     self._meter.reset()
                     continue
+            if failed is None:
                 start = end
                 continue
             # Out of memory: the attempt's tensors went with its frames. In a job's last
@@ -674,27 +696,21 @@ class Run(StopSignals, JobRank):
             if self._solo_fsdp is not None:
                 self._reset_solo_fsdp()
                 restart = True
-            retry, _, last_resort = self._native.oom(step, mb, seq, failed)
-            self._snapshot_oom(step)
-            _torch.free_memory(self.device)
-            if last_resort:
-                # Out of sizes: checkpointing on, the same samples retried (the session
-                # said so).
-                self._switch_lever("checkpointing", "blocks", "controller")
-            if retry is None:
-                raise OutOfMemory(
-                    f"step {step} ran out of memory at micro-batch {mb} ({seq} tokens per "
-                    f"sample) repeatedly: {failed}; {self._save_on_give_up()}. Give the run "
-                    "more memory or make a sample smaller"
-                )
+            retry = self._retry_after_oom(step, mb, seq, failed)
             if restart:
                 # The backward had already added part of this micro-batch's gradients:
                 # they cannot be told apart from the completed ones', so the step's
                 # samples start over (exact, at the cost of recomputing them).
+                where = (
+                    "on this rank making zeros for gradients its samples did not produce, "
+                    "after its last backward"
+                    if zeros
+                    else "in this rank's last backward"
+                )
                 self.notice(
-                    f"step {step}: out of memory in this rank's last backward, with the "
-                    "gradients' all-reduce under way; every rank of the job drops the step's "
-                    f"gradients and its samples start over, this rank's at micro-batch {retry}"
+                    f"step {step}: out of memory {where}, with the gradients' all-reduce "
+                    "under way; every rank of the job drops the step's gradients and its "
+                    f"samples start over, this rank's at micro-batch {retry}"
                     if overlapped
                     else f"step {step}: the out-of-memory error struck after gradients were "
                     "partly accumulated; the step's samples start over at micro-batch "
@@ -708,6 +724,25 @@ class Run(StopSignals, JobRank):
             self._meter.reset()
             predicted = self._native.predicted_bytes(mb, seq)
         return total, mb, predicted
+
+    def _retry_after_oom(self, step: int, mb: int, seq: int, failed: str) -> int:
+        """This rank ran out of memory in step `step` at micro-batch `mb` (`failed`: the
+        error's first line): the controller told, the micro-batch to retry at; raises
+        OutOfMemory when there is none."""
+        retry, _, last_resort = self._native.oom(step, mb, seq, failed)
+        self._snapshot_oom(step)
+        _torch.free_memory(self.device)
+        if last_resort:
+            # Out of sizes: checkpointing on, the same samples retried (the session said
+            # so).
+            self._switch_lever("checkpointing", "blocks", "controller")
+        if retry is None:
+            raise OutOfMemory(
+                f"step {step} ran out of memory at micro-batch {mb} ({seq} tokens per "
+                f"sample) repeatedly: {failed}; {self._save_on_give_up()}. Give the run "
+                "more memory or make a sample smaller"
+            )
+        return retry
 
     def step(
         self,
