@@ -1,9 +1,11 @@
-//! The sampler thread: host, NVML, allocator (or, on the CPU, heap) figures at a fixed
-//! rate, off the trainer's hot path. Every source that is missing becomes one notice, then silence.
+//! The sampler thread: host, NVML, allocator (or, on the CPU, heap) figures at the rate
+//! asked, or slower where its reads cost more than [`READ_BUDGET`], off the trainer's hot
+//! path. Every source that is missing becomes one notice, then silence.
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Sender};
 use headroom_core::{
     AllocatorStats, Bus, GpuStats, HeapStats, HostStats, Level, Notice, SegmentMap, SystemSample,
     Telemetry,
@@ -49,7 +51,7 @@ pub trait AllocatorSource: Send {
 }
 
 pub struct Sampler {
-    stop: Sender<()>,
+    stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -61,7 +63,8 @@ impl Sampler {
         hz: f64,
         allocator: Option<Box<dyn AllocatorSource>>,
     ) -> Sampler {
-        let (stop, stopped) = bounded::<()>(1);
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
         let period = Duration::from_secs_f64(1.0 / hz);
         // To say so if the thread cannot start (the closure, and its bus, are gone then).
         let told = bus.clone();
@@ -70,21 +73,37 @@ impl Sampler {
             .spawn(move || {
                 let mut sources = Sources::open(&bus, cuda, allocator);
                 let mut pace = Pace::new(period);
-                loop {
-                    let before = thread_cpu();
-                    let sample = sources.read(&bus);
-                    let cost = thread_cpu().zip(before).map(|(a, b)| a.saturating_sub(b));
-                    bus.send(Telemetry::Sample(sample));
-                    if let Some(map) = sources.segments(&bus) {
-                        bus.send(Telemetry::Segments(map));
+                // The thread's CPU time at the end of the last sample: each sample's cost
+                // is all of it since (reads, sends, the wait's own wake-up), one clock
+                // read a sample; the segment map's snapshot is timed apart and left out.
+                let mut last = thread_cpu();
+                while !stopped.load(Ordering::Acquire) {
+                    bus.send(Telemetry::Sample(sources.read(&bus)));
+                    let mut apart = Duration::ZERO;
+                    if sources.segments_due() {
+                        let before = thread_cpu();
+                        if let Some(map) = sources.segments(&bus) {
+                            bus.send(Telemetry::Segments(map));
+                        }
+                        apart = since(before);
                     }
-                    if let Some(slowed) = cost.and_then(|c| pace.record(c, Instant::now())) {
-                        bus.send(Telemetry::Notice(slowed));
+                    let now = thread_cpu();
+                    if let (Some(now), Some(last)) = (now, last) {
+                        let cost = now.saturating_sub(last).saturating_sub(apart);
+                        if let Some(slowed) = pace.record(cost, Instant::now()) {
+                            bus.send(Telemetry::Notice(slowed));
+                        }
                     }
-                    // recv_timeout doubles as an interruptible sleep: stop is prompt.
-                    match stopped.recv_timeout(pace.period) {
-                        Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
-                        _ => break,
+                    last = now;
+                    // Parked, not waiting on a channel: a channel's receive spins and
+                    // yields before it sleeps, which cost more than a cheap reading.
+                    let until = Instant::now() + pace.period;
+                    while !stopped.load(Ordering::Acquire) {
+                        let left = until.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            break;
+                        }
+                        std::thread::park_timeout(left);
                     }
                 }
             });
@@ -110,8 +129,9 @@ impl Sampler {
 
 impl Drop for Sampler {
     fn drop(&mut self) {
-        let _ = self.stop.try_send(());
+        self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
+            t.thread().unpark();
             let _ = t.join();
         }
     }
@@ -127,6 +147,13 @@ fn thread_cpu() -> Option<Duration> {
     // SAFETY: clock_gettime writes one timespec, which lives on this stack frame.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     (rc == 0).then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+}
+
+/// The CPU time this thread has used since `before` (zero where the clock is missing).
+fn since(before: Option<Duration>) -> Duration {
+    thread_cpu()
+        .zip(before)
+        .map_or(Duration::ZERO, |(now, b)| now.saturating_sub(b))
 }
 
 /// The sampler's period: the one asked, or longer while a sample's reads would take more
@@ -395,6 +422,16 @@ impl Sources {
 }
 
 impl Sources {
+    /// Whether [`Sources::segments`] would read the segment map now.
+    fn segments_due(&self) -> bool {
+        self.cuda.is_some()
+            && self.alloc.is_some()
+            && !self.snapshot_failed
+            && self
+                .last_snapshot
+                .is_none_or(|t| t.elapsed() >= SNAPSHOT_EVERY)
+    }
+
     /// The segment map, when one is due (CUDA runs only).
     fn segments(&mut self, bus: &Bus) -> Option<SegmentMap> {
         self.cuda?;

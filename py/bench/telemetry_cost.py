@@ -2,7 +2,8 @@
 watch-only run with a log sits idle for --seconds while its sampler reads host memory
 (and NVML and the allocator on a GPU) and the log writer writes the samples; the
 process's CPU time over that window, less an idle window without a run, per second and
-per sample read (the log keeps at most 4 a second of them, host/src/log_thinning.rs). docs/BENCHMARKS.md, "Telemetry".
+per sample read (the log keeps at most 4 a second of them, host/src/log_thinning.rs).
+docs/BENCHMARKS.md, "Telemetry".
 
     ./dev python py/bench/telemetry_cost.py [--seconds 5] [--rates 4,10,20,50]
 """
@@ -96,8 +97,7 @@ def main() -> int:
         )
         names = sorted({n for d in by_thread[hz] for n in d})
         shares = {
-            n: statistics.median(d.get(n, 0.0) for d in by_thread[hz]) / args.seconds
-            for n in names
+            n: statistics.median(d.get(n, 0.0) for d in by_thread[hz]) / args.seconds for n in names
         }
         busy = [f"{n} {v * 1e3:.2f}" for n, v in sorted(shares.items(), key=lambda kv: -kv[1])]
         print(f"         by thread, ms a second: {', '.join(busy[:5])}")
