@@ -280,12 +280,14 @@ def headroom_buckets(params: list[Param], elem: int) -> list[tuple[int, bool]]:
 def overlapped_buckets(params: list[Param], elem: int) -> list[tuple[int, float, bool]]:
     """headroom's overlapped layout (headroom._overlap.layout): reverse registration
     order, packed up to 25 MiB (the first up to 1 MiB), a gradient larger than a bucket
-    alone and in place. (bytes, ready, in_place) per bucket, in launch order."""
+    alone, in place, in chunks of at most its ring (two buckets). (bytes, ready, in_place)
+    per all-reduce, in launch order."""
     out, used, ready, first = [], 0, 0.0, True
     for p in reversed(params):
         b = p.numel * elem
         if b > DDP_BUCKET:
-            out.append((b, p.ready, True))
+            chunk = 2 * DDP_BUCKET
+            out.extend((min(chunk, b - o), p.ready, True) for o in range(0, b, chunk))
             continue
         limit = DDP_FIRST_BUCKET if first else DDP_BUCKET
         if used and used + b > limit:

@@ -201,9 +201,11 @@ class FailInBackward(torch.autograd.Function):
 
 
 class TinyGPT(torch.nn.Module):
-    """A small causal transformer over byte tokens. `branch`: a layer only the samples
-    whose first token is 0 go through (registered last, so its gradients are in the first
-    bucket a DDP job reduces); a micro-batch without such a sample gives it no gradient."""
+    """A small causal transformer over byte tokens. `branch`: two layers only the samples
+    whose first token is 0 go through (registered last, so their gradients are in the
+    first buckets a DDP job reduces); a micro-batch without such a sample gives them no
+    gradient. Each branch weight is 5 x d x d (20 KiB at d=32): larger than two small DDP
+    buckets, so a job all-reduces it alone, in chunks."""
 
     def __init__(
         self, vocab: int = 64, d: int = 32, t: int = 16, layers: int = 2, branch: bool = False
@@ -219,7 +221,11 @@ class TinyGPT(torch.nn.Module):
         )
         self.head = torch.nn.Linear(d, vocab)
         self.hook = None
-        self.branch = torch.nn.Linear(d, d) if branch else None
+        self.branch = (
+            torch.nn.Sequential(torch.nn.Linear(d, 5 * d), torch.nn.Linear(5 * d, d))
+            if branch
+            else None
+        )
 
     def forward(self, x):
         h = self.tok(x) + self.pos[: x.shape[1]]

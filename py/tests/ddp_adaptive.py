@@ -145,7 +145,8 @@ def main() -> int:
 
     def failing_zeros_like(t, *a, **k):
         # Zeros for a gradient of the branch, which this rank's data never takes: they do
-        # not fit until the step's attempt ends (a real shortage would not pass either).
+        # not fit until the step's attempt ends, headroom's relaunch of the buckets after
+        # the first failure included (a real shortage would not pass either).
         if any(t is p for p in branch_params):
             if state["step"] not in state["fired"]:
                 state["fired"].append(state["step"])

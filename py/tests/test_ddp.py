@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -136,8 +137,14 @@ def test_an_oom_in_the_zeros_for_a_gradient_a_rank_lacks_is_that_ranks_own(tmp_p
     over). Every rank redoes the step, rank 1 as after its own OOM (said so, and smaller:
     its controller was told), rank 0 saying another rank ran out; the parameters stay
     exact. Step 2 with the all-reduce overlapped (8 KiB buckets, the branch's first), step
-    3 after the last backward (the fallback)."""
+    3 after the last backward (the fallback). The branch's weights are larger than two
+    buckets (all-reduced alone, in two chunks): after its zeros did not fit, rank 1
+    relaunches its buckets in abort mode while the shortage lasts, which must allocate
+    nothing (zeros there would not fit either: rank 1 would leave for the agreement
+    while rank 0 waits in the verdict)."""
     steps, per_rank = 3, 8
+    branch = TinyGPT(d=WIDTH, t=SEQ, branch=True).branch
+    assert max(p.numel() * p.element_size() for p in branch.parameters()) > 16 << 10
     job = torchrun(
         2,
         "ddp_adaptive.py",
@@ -179,6 +186,129 @@ def test_an_oom_in_the_zeros_for_a_gradient_a_rank_lacks_is_that_ranks_own(tmp_p
     assert [r["step"] for r in rows] == [1, 2, 2, 3, 3], [r["step"] for r in rows]
     got = torch.load(tmp_path / "params.pt")
     assert_params_close(got, reference(steps, per_rank * 2, branch=per_rank), TOL)
+
+
+@pytest.fixture
+def one_process_group():
+    """torch.distributed's default group in this process alone (gloo, world size 1)."""
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        yield dist
+    finally:
+        dist.destroy_process_group()
+
+
+class Recorded:
+    """torch.distributed, with each all-reduce's element count recorded."""
+
+    def __init__(self, dist):
+        self.dist = dist
+        self.sizes: list[int] = []
+
+    def __getattr__(self, name):
+        return getattr(self.dist, name)
+
+    def all_reduce(self, t, **kw):
+        self.sizes.append(t.numel())
+        return self.dist.all_reduce(t, **kw)
+
+
+def _overlap_of(dist):
+    """Three parameters under 64-byte buckets: the middle one (72 floats) larger than a
+    bucket, all-reduced alone in chunks of the ring's 2 x 16 floats (32, 32 and 8),
+    launched first (the order is reversed); the other two share a bucket of 12. `world`
+    2 over a group of one: the sum is each gradient itself and the average halves it, so
+    an element reduced twice, or not at all, shows."""
+    from headroom import _overlap
+
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(*shape)) for shape in ((5,), (8, 9), (7,))]
+    rec = Recorded(dist)
+    ov = _overlap.Overlap(rec, params, None, world=2, cap=64)
+    assert [(b.solo, b.numel) for b in ov.buckets] == [(True, 72), (False, 12)]
+    return ov, rec, params
+
+
+CHUNKS = [32, 32, 8, 12]
+
+
+def test_a_gradient_larger_than_a_bucket_is_all_reduced_in_place_in_chunks(
+    one_process_group,
+):
+    """Chunk after chunk, views of the gradient: every element averaged once, as the
+    whole all-reduce did, in the backward (each bucket as it fills) and after it."""
+    ov, rec, params = _overlap_of(one_process_group)
+    try:
+        # In the backward, each bucket as its gradients are ready.
+        w = [torch.randn_like(p) for p in params]
+        ov.arm()
+        sum((p * x).sum() for p, x in zip(params, w)).backward()
+        assert ov.launched_in_backward == 2
+        ov.launch_rest(abort=False)
+        ov.drain()
+        assert rec.sizes == CHUNKS
+        for p, x in zip(params, w):
+            assert torch.equal(p.grad, x / 2)
+        # After it: in place; a gradient laid out otherwise (transposed) in its elements'
+        # order, as a rank with it laid out as usual would send it.
+        for solo in (torch.randn(8, 9), torch.randn(9, 8).t()):
+            grads = [torch.randn(5), solo, torch.randn(7)]
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+            held = [p.grad.data_ptr() for p in params]
+            rec.sizes.clear()
+            ov.arm()
+            ov.launch_rest(abort=False)
+            ov.drain()
+            assert rec.sizes == CHUNKS
+            for p, g, ptr in zip(params, grads, held):
+                assert torch.equal(p.grad, g / 2)
+                assert p.grad.data_ptr() == ptr or not g.is_contiguous()
+    finally:
+        ov.close()
+
+
+def test_a_rank_without_memory_for_a_large_gradients_zeros_relaunches_allocating_nothing(
+    one_process_group, monkeypatch
+):
+    """The rank lacks the gradient larger than a bucket (a branch its data did not take),
+    and its zeros do not fit, nor would anything else: the relaunch in abort mode issues
+    the same collectives as a rank with every gradient and allocates nothing."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from headroom import _torch
+
+    ov, rec, params = _overlap_of(one_process_group)
+    try:
+        for p in params:
+            p.grad = None if p.dim() == 2 else torch.ones_like(p)
+
+        def short(t, *a, **k):
+            _torch.provoke_oom(t.device)
+
+        monkeypatch.setattr(torch, "zeros_like", short)
+        ov.arm()
+        with pytest.raises(RuntimeError) as e:
+            ov.launch_rest(abort=False)
+        assert _torch.is_oom(e.value)
+        assert rec.sizes == []
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            ov.launch_rest(abort=True)
+            ov.drain()
+        allocated = [(ev.name, ev.cpu_memory_usage) for ev in prof.events() if ev.cpu_memory_usage]
+        assert allocated == []
+        assert rec.sizes == CHUNKS
+        assert ov.verdict_record(True, False)[3:].tolist() == [1.0, 0.0, 1.0]
+        # Abort mode leaves the gradients as they were.
+        assert params[1].grad is None
+        assert all(torch.equal(params[i].grad, torch.ones_like(params[i])) for i in (0, 2))
+    finally:
+        ov.close()
 
 
 def test_a_rank_with_a_tighter_cap_splits_finer_and_the_job_trains(tmp_path):

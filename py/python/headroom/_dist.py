@@ -519,8 +519,8 @@ class Job:
             raise
         except RuntimeError as e:
             if _torch.is_oom(e):
-                # Abort mode's one allocation, a stand-in for a gradient larger than a
-                # bucket that this rank lacks, did not fit either.
+                # Not headroom's: abort mode allocates nothing, nor does anything after
+                # the verdict (a collective's own, then).
                 raise
             raise self._peer_lost(step, self.agreements, e) from e
         if not (v.redo or v.failed):
@@ -631,7 +631,7 @@ class GradReducer:
         off = 0
         with torch.no_grad():
             for g in batch:
-                buf[off : off + g.numel()].copy_(g.reshape(-1))
+                buf[off : off + g.numel()].view_as(g).copy_(g)
                 off += g.numel()
             flat = buf[:used]
             self.dist.all_reduce(flat, group=self.group)

@@ -19,13 +19,19 @@ has every rank drop the step's gradients and redo its samples: one step of compu
 for an error the controller makes rare (that micro-batch is no larger than the ones that
 just fit in the same step).
 
-Memory: buckets of several gradients go through a ring of ``RING`` buffers of the largest
-such bucket (at most DDP's ``bucket_cap_mb``) per dtype and device, allocated at the
-job's start; a gradient larger than a bucket is all-reduced in place. Nothing else is
+Memory: buckets of several gradients go through a ring of ``RING`` buffers per dtype and
+device, one allocation at the job's start, each buffer the size of the largest such
+bucket (at most DDP's ``bucket_cap_mb``), or of a whole bucket where that dtype and device
+has a gradient larger than one. Such a gradient is all-reduced in place, in chunks the
+size of the whole ring (views of it, launched in order, the same chunks on every rank:
+one collective up to ``RING`` buckets' size, a few more beyond). Nothing else is
 allocated, except zeros for a gradient this rank does not have (a branch its data did not
 take), as DDP's unused-parameter handling does: made as its bucket is launched, before the
 verdict, so an out-of-memory error there is this rank's in its last backward (said in the
-verdict: every rank redoes the step), and nothing allocates after the verdict.
+verdict: every rank redoes the step), and nothing allocates after the verdict. A rank
+whose last backward failed, or whose zeros did not fit, launches its remaining buckets
+from the ring alone, a large gradient's chunk by chunk: it allocates nothing, so however
+short memory is, it reaches the verdict with the others.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ import torch
 # Buffers per dtype and device: a bucket's buffer is reused two buckets later, after its
 # all-reduce has finished (a host wait on gloo, a stream wait on NCCL).
 RING = 2
+EVERY = frozenset(range(RING))
+NONE: frozenset[int] = frozenset()
 # DDP's own first bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES): small, so the
 # communication starts early in the backward.
 FIRST_BUCKET_BYTES = 1 << 20
@@ -50,7 +58,7 @@ class Bucket:
     params: list[int]  # indices into the job's parameters
     key: tuple[torch.dtype, torch.device]
     numel: int
-    solo: bool  # one gradient larger than a bucket: all-reduced in place
+    solo: bool  # one gradient larger than a bucket: all-reduced in place, in chunks
 
 
 @dataclass
@@ -114,26 +122,45 @@ class Overlap:
         backend = str(dist.get_backend(group)).lower()
         self.op = dist.ReduceOp.AVG if backend == "nccl" else dist.ReduceOp.SUM
         self.divide = self.op == dist.ReduceOp.SUM and world > 1
-        largest: dict[tuple[torch.dtype, torch.device], int] = {}
+        # Per dtype and device with a gradient larger than a bucket: its chunks' elements,
+        # the whole ring's (RING buckets): a rank in abort mode sends each from the ring
+        # (every rank cuts the same chunks, so the collectives' sizes match), and a
+        # gradient up to 50 MiB (at DDP's default) still takes one collective, as in DDP.
+        self.chunk: dict[tuple[torch.dtype, torch.device], int] = {}
+        # Per dtype and device: a ring buffer's elements, the largest bucket's of several
+        # gradients, or a bucket's where there are chunks.
+        self.slot: dict[tuple[torch.dtype, torch.device], int] = {}
         for b in self.buckets:
-            if not b.solo:
-                largest[b.key] = max(largest.get(b.key, 0), b.numel)
+            size = self.params[b.params[0]].element_size()
+            n = b.numel
+            if b.solo:
+                n = max(1, cap // size)
+                self.chunk[b.key] = RING * n
+            # Every buffer 512-byte aligned, as its own allocation would be (NCCL's
+            # vectorized path).
+            align = max(1, 512 // size)
+            self.slot[b.key] = max(self.slot.get(b.key, 0), -(-n // align) * align)
         self.ring = {
-            key: [torch.empty(n, dtype=key[0], device=key[1]) for _ in range(RING)]
-            for key, n in largest.items()
+            key: torch.empty(RING * n, dtype=key[0], device=key[1]) for key, n in self.slot.items()
         }
         self.uses: dict[tuple[torch.dtype, torch.device], int] = {}
         self.armed = False
         self.abort = False
         self.next = 0
+        # Elements of bucket `next` already launched (a solo bucket's chunks): a launch
+        # interrupted after some went resumes after them, or the ranks' collectives would
+        # no longer match.
+        self.sent = 0
         self.ready = [0] * len(self.buckets)
         self.fired = [False] * len(params)
         self.twice = False
         # Per parameter: whether this rank had a gradient before any zeros were made.
         self.had: list[bool] | None = None
-        # (bucket, work, buffer or None), in launch order; a buffer's entry leaves when it
-        # is reused or drained.
-        self.pending: list[tuple[int, Any, torch.Tensor | None]] = []
+        # (bucket, work, ring slots, the tensor all-reduced), in launch order: a bucket of
+        # several gradients holds one slot of its dtype and device's ring, a chunk sent in
+        # abort mode every slot, a chunk of a gradient reduced in place none; an entry
+        # leaves when its slots are taken again, or when drained.
+        self.pending: list[tuple[int, Any, frozenset[int], torch.Tensor]] = []
         self.hooks = [
             p.register_post_accumulate_grad_hook(self._hook(i)) for i, p in enumerate(params)
         ]
@@ -153,6 +180,7 @@ class Overlap:
         self.armed, self.abort, self.twice = True, False, False
         self.had = None
         self.next = 0
+        self.sent = 0
         self.ready = [0] * len(self.buckets)
         self.fired = [False] * len(self.params)
         self.uses = {}
@@ -198,67 +226,90 @@ class Overlap:
         if not self.abort:
             # Zeros, as DDP reduces an unused parameter's; dropped again after the verdict
             # if no rank has a gradient for it. Made before anything of the bucket is
-            # touched: after an out-of-memory error here the bucket is launched again.
+            # touched: after an out-of-memory error here the bucket is launched again, in
+            # abort mode, which allocates nothing.
+            # A gradient larger than a bucket is contiguous: its chunks, views of it, follow
+            # the elements' order, the same on every rank whatever each gradient's layout
+            # (a channels_last parameter's).
             for i in b.params:
                 p = self.params[i]
                 if p.grad is None:
-                    p.grad = torch.zeros_like(p)
+                    p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                elif b.solo and not p.grad.is_contiguous():
+                    p.grad = p.grad.contiguous()
         if b.solo:
-            p = self.params[b.params[0]]
-            if p.grad is None:
-                # Abort mode: a stand-in of the size (its contents do not matter).
-                p.grad = torch.zeros_like(p)
-            work = self.dist.all_reduce(p.grad, op=self.op, group=self.group, async_op=True)
-            self.pending.append((k, work, None))
-            return
-        use = self.uses.get(b.key, 0)
-        self.uses[b.key] = use + 1
-        buf = self.ring[b.key][use % RING]
-        self._finish_using(buf)
-        flat = buf[: b.numel]
-        off = 0
-        with torch.no_grad():
-            for i in b.params:
-                p = self.params[i]
-                n = p.numel()
-                if p.grad is None:
-                    flat[off : off + n].zero_()
-                else:
-                    flat[off : off + n].copy_(p.grad.reshape(-1))
-                off += n
-        work = self.dist.all_reduce(flat, op=self.op, group=self.group, async_op=True)
-        self.pending.append((k, work, buf))
+            self._launch_chunks(k, b)
+        else:
+            use = self.uses.get(b.key, 0)
+            self.uses[b.key] = use + 1
+            slot = use % RING
+            self._claim(b.key, frozenset((slot,)))
+            size = self.slot[b.key]
+            flat = self.ring[b.key][slot * size : slot * size + b.numel]
+            if not self.abort:
+                # Abort mode sends the buffer as it is: the results are dropped.
+                off = 0
+                with torch.no_grad():
+                    for i in b.params:
+                        p = self.params[i]
+                        n = p.numel()
+                        if p.grad is None:
+                            flat[off : off + n].zero_()
+                        else:
+                            flat[off : off + n].view_as(p).copy_(p.grad)
+                        off += n
+            work = self.dist.all_reduce(flat, op=self.op, group=self.group, async_op=True)
+            self.pending.append((k, work, frozenset((slot,)), flat))
+        self.sent = 0
 
-    def _finish_using(self, buf: torch.Tensor) -> None:
-        """The buffer's previous bucket, if still pending: its all-reduce waited for, its
-        result copied back, so the buffer can take the next."""
-        for j, (k, work, used) in enumerate(self.pending):
-            if used is buf:
-                del self.pending[j]
-                self._complete(k, work, used)
-                return
+    def _launch_chunks(self, k: int, b: Bucket) -> None:
+        """A gradient larger than a bucket, in place, chunk after chunk; in abort mode each
+        chunk is sent from the ring instead (this rank may have no gradient to send, and
+        no memory to make one)."""
+        step = self.chunk[b.key]
+        grad = None if self.abort else self.params[b.params[0]].grad.view(-1)
+        while self.sent < b.numel:
+            n = min(step, b.numel - self.sent)
+            if grad is None:
+                self._claim(b.key, EVERY)
+                part, slots = self.ring[b.key][:n], EVERY
+            else:
+                part, slots = grad[self.sent : self.sent + n], NONE
+            work = self.dist.all_reduce(part, op=self.op, group=self.group, async_op=True)
+            self.pending.append((k, work, slots, part))
+            self.sent += n
+
+    def _claim(self, key: tuple[torch.dtype, torch.device], slots: frozenset[int]) -> None:
+        """Those slots of `key`'s ring, free: the all-reduces still pending on them waited
+        for, their results copied back."""
+
+        def on(entry) -> bool:
+            return bool(entry[2] & slots) and self.buckets[entry[0]].key == key
+
+        done = [e for e in self.pending if on(e)]
+        if done:
+            self.pending = [e for e in self.pending if not on(e)]
+            for e in done:
+                self._complete(*e)
 
     def drain(self) -> None:
         """Every launched bucket's all-reduce waited for and copied back (on NCCL the wait
         is the stream's, not the host's)."""
         pending, self.pending = self.pending, []
-        for k, work, buf in pending:
-            self._complete(k, work, buf)
+        for e in pending:
+            self._complete(*e)
 
-    def _complete(self, k: int, work, buf: torch.Tensor | None) -> None:
+    def _complete(self, k: int, work, _slots: frozenset[int], flat: torch.Tensor) -> None:
         work.wait()
         if self.abort:
             return
         b = self.buckets[k]
         with torch.no_grad():
-            if buf is None:
-                g = self.params[b.params[0]].grad
-                if self.divide:
-                    g.div_(self.world)
-                return
-            flat = buf[: b.numel]
             if self.divide:
                 flat.div_(self.world)
+            if b.solo:
+                # A chunk of the gradient itself.
+                return
             off = 0
             for i in b.params:
                 p = self.params[i]
