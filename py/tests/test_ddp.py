@@ -669,3 +669,17 @@ def sigterm_in_a_long_step(tmp_path: Path, script: str) -> None:
     # A step took step_s; giving it up takes one micro-batch, the save and the exits: well
     # under the rest of the step, which finishing it would have taken.
     assert took < step_s / 2, f"{took:.1f} s to stop (a step takes {step_s:.1f} s)"
+
+
+def test_ranks_missing_different_gradients_never_agree_they_miss_the_same():
+    """The agreement's key for the parameters without a gradient: equal only for equal
+    sets. The sum it replaced was equal for {0, 3} and {1, 2} (any two sets of one size
+    and one index sum), and ranks then all-reduced different tensors."""
+    from headroom._dist import missing_key
+
+    sets = [[], [0], [1], [0, 3], [1, 2], [0, 1, 2], [3, 0, 0], list(range(200))]
+    sets += [list(range(200))[:i] + list(range(200))[i + 1 :] for i in range(200)]
+    keys = [missing_key(s) for s in sets]
+    assert len(set(keys)) == len(keys)
+    assert missing_key([1, 2]) == missing_key([1, 2])
+    assert all(k == int(k) and 0 <= k < 2**53 for k in keys), "exact in a float64"

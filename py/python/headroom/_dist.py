@@ -28,6 +28,7 @@ Only torch.distributed's own machinery moves data between ranks.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import socket
@@ -52,13 +53,24 @@ FIELDS = (
     "loss",  # NaN before the first step
     "want_stop",  # a signal on this rank asks the job to stop
     "cmd_bytes",  # commands from viewers waiting on this rank
-    "none_sum",  # which parameters have no gradient (checksum) ...
+    "none_sum",  # which parameters have no gradient (`missing_key`) ...
     "none_count",  # ... and how many: must agree, or the reduction zero-fills
     "paused",
     "applied",  # commands this rank has carried out
 )
 _I = {name: i for i, name in enumerate(FIELDS)}
 OK, FAILED, ABANDON = 0.0, 1.0, 2.0
+
+
+def missing_key(none: list[int]) -> float:
+    """Which parameters (by index) have no gradient, as one float64 the agreement carries:
+    a 48-bit hash of the set, exact in a float64. Ranks whose keys differ reduce with
+    zeros for what they lack; equal keys for different sets would have them all-reduce
+    different tensors, so a sum of per-index terms (equal for {0, 3} and {1, 2}) will not
+    do."""
+    digest = hashlib.blake2b(",".join(map(str, none)).encode(), digest_size=6).digest()
+    return float(int.from_bytes(digest, "little"))
+
 
 # The gradient all-reduce goes through a preallocated bucket of at most this many bytes
 # per dtype (DDP's default bucket size): allocated before the first step, so the
@@ -252,7 +264,7 @@ class Job:
             "loss": last.get("loss", math.nan),
             "want_stop": 1.0 if self.want_stop else 0.0,
             "cmd_bytes": float(sum(len(c) for c in commands)),
-            "none_sum": float(sum((i + 1) * 2654435761 % 1000003 for i in none)),
+            "none_sum": missing_key(none),
             "none_count": float(len(none)),
             "paused": 1.0 if self.run._native.paused else 0.0,
             "applied": float(self.applied),
