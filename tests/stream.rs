@@ -132,7 +132,7 @@ fn viewers_get_a_full_catch_up_and_a_command_is_answered_to_both() {
     drop(b);
     let before = run.steps_logged();
     run.wait_steps(before + 5, Duration::from_secs(60));
-    let log = common::read_log(&run.log());
+    let log = common::read_log_so_far(&run.log());
     let applied: Vec<&str> = common::of_kind(&log, "command_applied")
         .iter()
         .map(|r| r["command"]["command"].as_str().unwrap())
@@ -248,7 +248,7 @@ fn bad_clients_get_one_clear_error_each_and_the_run_goes_on() {
     // Through all of it the run kept training.
     let before = run.steps_logged();
     run.wait_steps(before + 3, Duration::from_secs(60));
-    let log = common::read_log(&run.log());
+    let log = common::read_log_so_far(&run.log());
     let refusals: Vec<&str> = common::of_kind(&log, "notice")
         .iter()
         .filter(|n| n["source"] == "serve")
@@ -282,7 +282,7 @@ fn bad_clients_get_one_clear_error_each_and_the_run_goes_on() {
 fn tcp_port(run: &Served) -> u16 {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        for r in common::read_log(&run.log()) {
+        for r in common::read_log_so_far(&run.log()) {
             if let Some(text) = r["text"].as_str() {
                 if let Some(rest) = text.split("also on tcp ").nth(1) {
                     let addr = rest.split_whitespace().next().unwrap();
@@ -371,7 +371,7 @@ fn a_viewer_that_never_reads_neither_slows_nor_grows_the_run() {
     // the notice is waited for (3 minutes from the connection at most), not expected
     // within the stall's fixed span.
     let evicted = || {
-        common::of_kind(&common::read_log(&run.log()), "notice")
+        common::of_kind(&common::read_log_so_far(&run.log()), "notice")
             .iter()
             .any(|n| {
                 n["text"]
@@ -453,7 +453,7 @@ fn another_users_process_is_refused_by_uid() {
     assert!(!text.contains("tiny"), "nothing of the run: {text}");
     let before = run.steps_logged();
     run.wait_steps(before + 3, Duration::from_secs(60));
-    let log = common::read_log(&run.log());
+    let log = common::read_log_so_far(&run.log());
     assert!(
         common::of_kind(&log, "notice")
             .iter()

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use common::pty::{tail, Pty};
 use common::stream::Served;
-use common::{of_kind, read_log};
+use common::{of_kind, read_log_so_far};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -14,7 +14,7 @@ const WAIT: Duration = Duration::from_secs(60);
 fn wait_log(run: &Served, what: &str, pred: impl Fn(&[serde_json::Value]) -> bool) {
     let deadline = Instant::now() + WAIT;
     loop {
-        if pred(&read_log(&run.log())) {
+        if pred(&read_log_so_far(&run.log())) {
             return;
         }
         assert!(
@@ -86,7 +86,7 @@ fn attach_draws_the_run_applies_a_key_and_detach_leaves_it_going() {
     assert_eq!(pty.line_discipline(), (true, true), "terminal restored");
     let after = run.steps_logged();
     run.wait_steps(after + 5, WAIT);
-    let log = read_log(&run.log());
+    let log = read_log_so_far(&run.log());
     let applied: Vec<&str> = of_kind(&log, "command_applied")
         .iter()
         .map(|r| r["command"]["command"].as_str().unwrap())

@@ -417,11 +417,10 @@ impl LogWriter {
                     let Some(w) = out.as_mut() else {
                         continue;
                     };
-                    // A reading may wait for the rest of its slot (log_thinning).
+                    // A reading may wait for the rest of its slot (log_thinning); the
+                    // flush below is still due for what was written before it.
                     let (held, line) = thinning.offer(line);
-                    if held.is_none() && line.is_none() {
-                        continue;
-                    }
+                    let wrote = held.is_some() || line.is_some();
                     let lifecycle = line.as_ref().is_some_and(|l| !l.msg.is_high_rate());
                     let mut res = Ok(());
                     for rec in held.iter().chain(line.iter()) {
@@ -434,7 +433,7 @@ impl LogWriter {
                     if res.is_ok() && now {
                         res = w.flush();
                         unflushed_since = None;
-                    } else if res.is_ok() {
+                    } else if res.is_ok() && wrote {
                         unflushed_since.get_or_insert_with(Instant::now);
                     }
                     if let Err(e) = res {
@@ -707,6 +706,46 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(text.lines().count(), 1, "{text}");
         assert!(text.contains("\"paused\""), "{text}");
+    }
+
+    /// A reading held for its slot (log_thinning) does not hold back the flush of what
+    /// was written before it: a reader of the live log sees every record written once the
+    /// queue is empty.
+    #[test]
+    fn a_held_reading_does_not_hold_back_the_records_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.jsonl");
+        let (bus, rx) = Bus::new(true);
+        let log = open(&path, &[], None, WAIT).unwrap();
+        // Both queued before the writer starts: the first is written with the queue not
+        // empty (no flush then), the reading after it is held.
+        bus.send(Telemetry::Segments(headroom_core::SegmentMap::default()));
+        bus.send(Telemetry::Sample(headroom_core::SystemSample::default()));
+        let writer = LogWriter::start(log, rx.log.unwrap(), bus.ui_only());
+        // At once, not at the writer's 1 s timer for unflushed records (ZST_FLUSH).
+        let deadline = Instant::now() + ZST_FLUSH * 7 / 10;
+        let text = loop {
+            let text = std::fs::read_to_string(&path).unwrap();
+            if text.contains("segments") || Instant::now() > deadline {
+                break text;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert!(
+            text.contains("\"kind\":\"segments\""),
+            "not flushed: {text:?}"
+        );
+        assert!(
+            !text.contains("\"sample\""),
+            "the reading waits for its slot: {text}"
+        );
+        drop(bus);
+        assert_eq!(writer.finish(WAIT), None);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            text.contains("\"kind\":\"sample\""),
+            "written at the end: {text}"
+        );
     }
 
     /// Notices of `n` bytes of text no compressor can shrink: a log that grows on disk.

@@ -36,6 +36,18 @@ pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// Every whole JSON record of a log a run is still writing: its writer may have put part
+/// of a line out (a full buffer), the rest comes with its next write.
+pub fn read_log_so_far(path: &Path) -> Vec<serde_json::Value> {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+    whole
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad log line {l}: {e}")))
+        .collect()
+}
+
 /// Every JSON record of a run log.
 pub fn read_log(path: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(path)
