@@ -193,6 +193,15 @@ def main() -> int:
         steps_done = run.step_count
         overlap = getattr(run._job, "overlap", None)
         early = overlap.early_total if overlap is not None else 0
+        # The buckets as laid out now, and as first guessed (reverse registration).
+        layouts = {}
+        if overlap is not None:
+            from headroom import _overlap
+
+            layouts = {
+                "layout": [b.params for b in overlap.buckets],
+                "first_layout": [b.params for b in _overlap.layout(overlap.params, overlap.cap)],
+            }
     if rank == 0:
         torch.save(inner.state_dict(), out / "params.pt")
     (out / f"done-rank{rank}.json").write_text(
@@ -202,6 +211,7 @@ def main() -> int:
                 "fired": state["fired"],
                 "calls": state["calls"],
                 "early_buckets": early,
+                **layouts,
             }
         )
     )

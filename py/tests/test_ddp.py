@@ -72,7 +72,9 @@ def test_ooms_on_one_rank_at_every_point_are_recovered_by_the_job(
 ):
     """With 8 KiB buckets the model's gradients go in a dozen all-reduces, most of them
     launched while the last backward still runs (the out-of-memory error in it strikes
-    after some have gone); with DDP's default, in one after it."""
+    after some have gone), laid out again after step 1 in the order rank 0's gradients
+    came (not quite reverse registration's: a layer norm's weight before its bias); with
+    DDP's default, in one after it."""
     steps, per_rank = 5, 12
     inject = f"{rank}:{EVERY_POINT}"
     job = torchrun(
@@ -94,9 +96,13 @@ def test_ooms_on_one_rank_at_every_point_are_recovered_by_the_job(
     # The job ends: finish() calls it hung at 240 s, the only bound on its wall time (how
     # long torchrun and gloo take to start is the machine's).
     finish(job)
+    layouts = []
     for r in range(world):
         done = json.loads((tmp_path / f"done-rank{r}.json").read_text())
         assert done["steps"] == steps, (r, done)
+        layouts.append(done["layout"])
+        if bucket_kib:
+            assert done["layout"] != done["first_layout"], done
         # Buckets launched during a backward: at least two a step with small buckets.
         assert (done["early_buckets"] >= 2 * steps) == bool(bucket_kib), done
         log = tmp_path / f"rank{r}.jsonl"
@@ -117,6 +123,7 @@ def test_ooms_on_one_rank_at_every_point_are_recovered_by_the_job(
             assert sum("ran out of memory in its last backward" in t for t in texts) == 1, texts
     # Rank 0's rows: every rank's at every step (step 4's twice: it was redone after the
     # agreement before its last backward), the agreement never a long wait.
+    assert all(lay == layouts[0] for lay in layouts), "every rank lays its buckets out alike"
     rows = kinds(tmp_path / "rank0.jsonl", "job_ranks")
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 4, 5], [r["step"] for r in rows]
     assert all(len(r["ranks"]) == world for r in rows)
@@ -303,10 +310,81 @@ def test_a_rank_without_memory_for_a_large_gradients_zeros_relaunches_allocating
         allocated = [(ev.name, ev.cpu_memory_usage) for ev in prof.events() if ev.cpu_memory_usage]
         assert allocated == []
         assert rec.sizes == CHUNKS
-        assert ov.verdict_record(True, False)[3:].tolist() == [1.0, 0.0, 1.0]
+        assert ov.verdict_record(True, False)[3:6].tolist() == [1.0, 0.0, 1.0]
         # Abort mode leaves the gradients as they were.
         assert params[1].grad is None
         assert all(torch.equal(params[i].grad, torch.ones_like(params[i])) for i in (0, 2))
+    finally:
+        ov.close()
+
+
+class EmbeddingLast(torch.nn.Module):
+    """Three layers, then the embedding they read: registered last, so the first guess
+    at the order gradients come in (reverse registration) puts it in the first bucket,
+    and its gradient comes last."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.Sequential(*(torch.nn.Linear(16, 16) for _ in range(3)))
+        self.emb = torch.nn.Embedding(10, 16)
+
+    def forward(self, x):
+        return self.layers(self.emb(x)).square().mean()
+
+
+def test_buckets_are_laid_out_again_in_the_order_the_gradients_came(one_process_group):
+    """The first guess launches every bucket only when the embedding's gradient, the
+    last, comes; the first verdict carries rank 0's order and the layout is redone in it
+    (within the ring already allocated): each bucket then goes as its layer's gradients
+    are ready. Every gradient is still averaged once."""
+    from headroom import _overlap
+
+    torch.manual_seed(0)
+    model = EmbeddingLast()
+    params = list(model.parameters())
+    n = len(params)
+
+    class Arrivals(Recorded):
+        """Each all-reduce's launch, as the number of gradients ready by then."""
+
+        def all_reduce(self, t, **kw):
+            self.sizes.append(sum(ov.fired))
+            return self.dist.all_reduce(t, **kw)
+
+    rec = Arrivals(one_process_group)
+    # A layer's weight and bias (1088 bytes) to a bucket.
+    ov = _overlap.Overlap(rec, params, None, world=2, cap=1088)
+    ring = {k: t.data_ptr() for k, t in ov.ring.items()}
+    x = torch.randint(0, 10, (4, 3))
+    try:
+        launches = []
+        for _ in range(3):
+            model.zero_grad(set_to_none=True)
+            rec.sizes.clear()
+            ov.arm()
+            model(x).backward()
+            ov.launch_rest(abort=False)
+            v = ov.read(ov.verdict_record(False, False), n)
+            ov.drain()
+            grads = [p.grad.clone() for p in params]
+            if v.order is not None:
+                assert sorted(v.order) == list(range(n))
+                assert v.order[-1] == n - 1, "the embedding's gradient comes last"
+                assert ov.relayout(v.order)
+            launches.append(list(rec.sizes))
+            # Averaged once: the group of one sums, world 2 halves.
+            model.zero_grad(set_to_none=True)
+            model(x).backward()
+            for p, g in zip(params, grads):
+                assert torch.equal(g, p.grad / 2)
+        first, *after = launches
+        assert set(first) == {n}, first
+        assert after[0] == after[1]
+        assert sorted(after[0]) == after[0] and after[0][0] <= 2 and after[0][-2] < n, after
+        assert len(after[0]) == len(ov.buckets) >= 4
+        assert {k: t.data_ptr() for k, t in ov.ring.items()} == ring, "no new ring"
+        # Once: a later verdict carries no order.
+        assert ov.verdict_record(False, False).numel() == 3 + n
     finally:
         ov.close()
 

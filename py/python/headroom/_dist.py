@@ -490,7 +490,7 @@ class Job:
         if on and self.overlap is None:
             cap = getattr(self.ddp, "bucket_bytes_cap", BUCKET_BYTES)
             self.overlap = _overlap.Overlap(
-                self.dist, self.params, self.grad_group, self.world, cap
+                self.dist, self.params, self.grad_group, self.world, cap, self.rank
             )
             self.reducer = None
         elif not on:
@@ -521,7 +521,7 @@ class Job:
             work = self.dist.all_reduce(mine, group=self.meta, async_op=True)
             self._wait(work, step, self.agreements)
             self.agreements += 1
-            v = ov.read(mine)
+            v = ov.read(mine, len(self.params))
             v.zeros_oom = zeros_oom
             if v.redo or v.failed:
                 ov.abort = True
@@ -537,6 +537,8 @@ class Job:
             raise self._peer_lost(step, self.agreements, e) from e
         if not (v.redo or v.failed):
             ov.drop_unused(v)
+            if v.order is not None:
+                ov.relayout(v.order)
         return v
 
     def reduce(self, step: int, grads_agree: bool) -> _overlap.Verdict | None:

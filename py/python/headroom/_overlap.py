@@ -8,9 +8,12 @@ after the backward, paying the communication on top of the step (docs/BENCHMARKS
 "The overlap at 8 GPUs, modelled": 2-15% of a step on 8 GPUs).
 
 Here the buckets are launched by headroom, not by DDP, as their gradients become ready
-(``Tensor.register_post_accumulate_grad_hook``), in a layout fixed at the job's start
-and the same on every rank, strictly in order (every rank issues the same collectives in
-the same sequence, as DDP does). What keeps the guarantee that no rank's error leaves
+(``Tensor.register_post_accumulate_grad_hook``), in a layout the same on every rank,
+strictly in order (every rank issues the same collectives in the same sequence, as DDP
+does). The first layout guesses the order gradients come in (reverse registration); the
+first step that ends well lays the buckets out again in the order rank 0's came in (sent
+with the verdict), within the buffers already allocated, as DDP rebuilds its buckets
+after its first iteration. What keeps the guarantee that no rank's error leaves
 another waiting: a rank whose last backward fails still launches every bucket it had not
 launched (from preallocated buffers; the contents do not matter), then every rank reads
 one small verdict on headroom's own gloo group (out of memory here, failed there, which
@@ -72,52 +75,69 @@ class Verdict:
     # This rank's own out-of-memory error (its first line) making zeros for a gradient it
     # lacks, counted in `oom`: the one field that differs between the ranks.
     zeros_oom: str | None = None
+    # Until the layout is redone: the order rank 0's gradients were ready in, the one
+    # every rank lays its buckets out in after a step that ends well.
+    order: list[int] | None = None
 
     @property
     def redo(self) -> bool:
         return self.oom > 0 or self.twice > 0
 
 
-def layout(params: list[torch.nn.Parameter], cap_bytes: int) -> list[Bucket]:
-    """The buckets in launch order: the parameters in reverse registration order (the
-    order a backward usually completes their gradients, DDP's first guess too), packed
-    per dtype and device up to `cap_bytes` (the first bucket up to 1 MiB)."""
+def layout(
+    params: list[torch.nn.Parameter],
+    cap_bytes: int,
+    order: list[int] | None = None,
+    slot_bytes: dict[tuple[torch.dtype, torch.device], int] | None = None,
+) -> list[Bucket]:
+    """The buckets in launch order: the parameters in `order` (by default reverse
+    registration order, the order a backward usually completes their gradients, DDP's
+    first guess too), packed per dtype and device up to `cap_bytes` (the first bucket up
+    to 1 MiB) and, where given, up to that dtype and device's `slot_bytes` (the ring
+    already allocated: a layout redone from the order the gradients came in fits it)."""
+    if order is None:
+        order = list(reversed(range(len(params))))
     buckets: list[Bucket] = []
-    open_: dict[tuple[torch.dtype, torch.device], Bucket] = {}
-    for i in reversed(range(len(params))):
+    # Open buckets, and when each was opened: they close in that order.
+    open_: dict[tuple[torch.dtype, torch.device], tuple[int, Bucket]] = {}
+    opened = 0
+    for i in order:
         p = params[i]
         key = (p.dtype, p.device)
         size = p.element_size()
         limit = cap_bytes if buckets else min(FIRST_BUCKET_BYTES, cap_bytes)
+        if slot_bytes is not None and key in slot_bytes:
+            limit = min(limit, slot_bytes[key])
         if p.numel() * size > cap_bytes:
             buckets.append(Bucket([i], key, p.numel(), solo=True))
             continue
-        b = open_.get(key)
+        b = open_[key][1] if key in open_ else None
         if b is not None and (b.numel + p.numel()) * size > limit:
-            buckets.append(open_.pop(key))
+            buckets.append(open_.pop(key)[1])
             b = None
         if b is None:
-            b = open_[key] = Bucket([], key, 0, solo=False)
+            b = Bucket([], key, 0, solo=False)
+            open_[key] = (opened, b)
+            opened += 1
         b.params.append(i)
         b.numel += p.numel()
-    # Still-open buckets close in the order they were opened.
-    buckets.extend(sorted(open_.values(), key=lambda b: -b.params[0]))
+    buckets.extend(b for _, b in sorted(open_.values(), key=lambda e: e[0]))
     return buckets
 
 
 class Overlap:
     """One rank's buckets, hooks and buffers; armed for the last backward of a step."""
 
-    def __init__(self, dist, params: list[torch.nn.Parameter], group, world: int, cap: int):
+    def __init__(
+        self, dist, params: list[torch.nn.Parameter], group, world: int, cap: int, rank: int = 0
+    ):
         self.dist = dist
         self.group = group
         self.world = world
+        self.rank = rank
         self.params = params
-        self.buckets = layout(params, cap)
-        self.bucket_of = [0] * len(params)
-        for k, b in enumerate(self.buckets):
-            for i in b.params:
-                self.bucket_of[i] = k
+        self.cap = cap
+        self._set_buckets(layout(params, cap))
         # NCCL averages in the collective; gloo sums and the copy back divides.
         backend = str(dist.get_backend(group)).lower()
         self.op = dist.ReduceOp.AVG if backend == "nccl" else dist.ReduceOp.SUM
@@ -144,6 +164,13 @@ class Overlap:
             key: torch.empty(RING * n, dtype=key[0], device=key[1]) for key, n in self.slot.items()
         }
         self.uses: dict[tuple[torch.dtype, torch.device], int] = {}
+        # The first guess (reverse registration) launches nothing until the backward ends
+        # when the gradients come in another order (a head registered before the body,
+        # an encoder after its decoder): the order they came in on rank 0 is carried by
+        # the first verdict, and every rank lays its buckets out again in it once, as
+        # DDP rebuilds its buckets after its first iteration.
+        self.relaid = False
+        self.seen: list[int] = []
         self.armed = False
         self.abort = False
         self.next = 0
@@ -168,6 +195,30 @@ class Overlap:
         self.launched_in_backward = 0
         self.early_total = 0
 
+    def _set_buckets(self, buckets: list[Bucket]) -> None:
+        self.buckets = buckets
+        self.bucket_of = [0] * len(self.params)
+        for k, b in enumerate(buckets):
+            for i in b.params:
+                self.bucket_of[i] = k
+
+    def ready_order(self) -> list[int]:
+        """The order this attempt's gradients were ready in; those that never came
+        (a branch not taken) after them, in reverse registration order."""
+        came = set(self.seen)
+        return self.seen + [i for i in reversed(range(len(self.params))) if i not in came]
+
+    def relayout(self, order: list[int]) -> bool:
+        """The buckets laid out again in `order` (the same on every rank, between steps),
+        each within the ring already allocated. Returns whether the layout changed."""
+        self.relaid = True
+        slot_bytes = {key: n * self.ring[key].element_size() for key, n in self.slot.items()}
+        buckets = layout(self.params, self.cap, order, slot_bytes)
+        if [b.params for b in buckets] == [b.params for b in self.buckets]:
+            return False
+        self._set_buckets(buckets)
+        return True
+
     def close(self) -> None:
         for h in self.hooks:
             h.remove()
@@ -183,6 +234,7 @@ class Overlap:
         self.sent = 0
         self.ready = [0] * len(self.buckets)
         self.fired = [False] * len(self.params)
+        self.seen = []
         self.uses = {}
         self.pending = []
         self.launched_in_backward = 0
@@ -197,6 +249,8 @@ class Overlap:
                 self.twice = True
                 return
             self.fired[i] = True
+            if not self.relaid:
+                self.seen.append(i)
             k = self.bucket_of[i]
             self.ready[k] += 1
             while self.next < len(self.buckets) and self.ready[self.next] == len(
@@ -320,16 +374,26 @@ class Overlap:
 
     def verdict_record(self, oom: bool, failed: bool) -> torch.Tensor:
         """This rank's part of the verdict (summed over the ranks): the gradients it had,
-        not the zeros it made."""
+        not the zeros it made; until the layout is redone, rank 0's ready order (zeros
+        from the others, so the sum is rank 0's)."""
         has = [1.0 if h else 0.0 for h in self.had]
         head = [float(oom), float(failed), float(self.twice)]
-        return torch.tensor(head + has, dtype=torch.float64)
+        order: list[float] = []
+        if not self.relaid:
+            order = [float(i) for i in self.ready_order()] if self.rank == 0 else [0.0] * len(has)
+        return torch.tensor(head + has + order, dtype=torch.float64)
 
     @staticmethod
-    def read(summed: torch.Tensor) -> Verdict:
+    def read(summed: torch.Tensor, n_params: int | None = None) -> Verdict:
         v = summed.tolist()
+        n = len(v) - 3 if n_params is None else n_params
+        order = [int(x) for x in v[3 + n :]] or None
         return Verdict(
-            oom=int(v[0]), failed=int(v[1]), twice=int(v[2]), has_grad=[x > 0 for x in v[3:]]
+            oom=int(v[0]),
+            failed=int(v[1]),
+            twice=int(v[2]),
+            has_grad=[x > 0 for x in v[3 : 3 + n]],
+            order=order,
         )
 
     def drop_unused(self, v: Verdict) -> None:
