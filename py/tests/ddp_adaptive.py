@@ -68,6 +68,13 @@ def main() -> int:
         "--branch", action="store_true", help="a layer only rank 0's samples go through"
     )
     ap.add_argument(
+        "--compile",
+        choices=["", "outer", "inner"],
+        default="",
+        help="torch.compile(DDP(model)) (outer, DDP's optimizer splits the graph at its "
+        "buckets) or DDP(torch.compile(model)) (inner)",
+    )
+    ap.add_argument(
         "--reduce-after-from",
         type=int,
         default=0,
@@ -80,7 +87,12 @@ def main() -> int:
     torch.manual_seed(0)
     inner = TinyGPT(d=args.width, t=args.seq, branch=args.branch)
     caps = {"bucket_cap_mb": args.bucket_kib / 1024} if args.bucket_kib else {}
-    model = torch.nn.parallel.DistributedDataParallel(inner, **caps)
+    if args.compile == "inner":
+        model = torch.nn.parallel.DistributedDataParallel(torch.compile(inner), **caps)
+    else:
+        model = torch.nn.parallel.DistributedDataParallel(inner, **caps)
+        if args.compile == "outer":
+            model = torch.compile(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     # Drawn step by step from conftest's generator (the same batches as gpt_batches, which
     # would build every step's batch up front: gigabytes for a run of 100000 steps).

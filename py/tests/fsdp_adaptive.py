@@ -51,6 +51,13 @@ def main() -> int:
     )
     ap.add_argument("--fixed", action="store_true", help="adaptive=False: the size is held")
     ap.add_argument("--sharded-accumulation", default="auto", help="the Run's argument")
+    ap.add_argument(
+        "--compile",
+        choices=["", "blocks", "outer"],
+        default="",
+        help="each block compiled before it is sharded (blocks), or torch.compile of the "
+        "sharded root (outer)",
+    )
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -58,8 +65,13 @@ def main() -> int:
     torch.manual_seed(0)
     model = TinyGPT(d=args.width, t=args.seq)
     for block in model.blocks:
+        if args.compile == "blocks":
+            block.compile()
         fully_shard(block)
     fully_shard(model)
+    root = model
+    if args.compile == "outer":
+        model = torch.compile(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     gen = torch.Generator().manual_seed(0)
 
@@ -81,7 +93,7 @@ def main() -> int:
             state["fired"].append(state["step"])
             _torch.provoke_oom(torch.device("cpu"))
 
-    model.blocks[len(model.blocks) // 2].register_forward_pre_hook(middle_block)
+    root.blocks[len(root.blocks) // 2].register_forward_pre_hook(middle_block)
 
     def loss_fn(mb):
         x, y = mb
@@ -90,7 +102,7 @@ def main() -> int:
         # The first backward (before any unit's), or the last (the embeddings' gradient,
         # after every block's reduce-scatter in the micro-batch that syncs).
         first = armed("backward-first") and state["done"] == 0
-        model.hook = FailInBackward.apply if armed("backward-last") else None
+        root.hook = FailInBackward.apply if armed("backward-last") else None
         if first or (armed("backward-last") and last and state["done"] > 0):
             state["fired"].append(state["step"])
             FailInBackward.armed = True
@@ -116,7 +128,7 @@ def main() -> int:
         import torch.distributed.checkpoint as dcp
 
         path = out / f"ckpt-step{step}"
-        dcp.save({"model": model.state_dict()}, checkpoint_id=str(path))
+        dcp.save({"model": root.state_dict()}, checkpoint_id=str(path))
         return path
 
     groups_before = len(dist.distributed_c10d._world.pg_map)
@@ -154,10 +166,10 @@ def main() -> int:
         # At world size 1 the run joins no job: no gates (FSDP2's collectives are local).
         gates = run._job.gates if run._job is not None else _fsdp.Gates(None, None)
     # A unit left half run by an out-of-memory error keeps plain unsharded parameters.
-    sharded = all(hasattr(p, "full_tensor") for p in model.parameters())
+    sharded = all(hasattr(p, "full_tensor") for p in root.parameters())
     full = {
         n: p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone()
-        for n, p in model.named_parameters()
+        for n, p in root.named_parameters()
     }
     if rank == 0:
         torch.save(full, out / "params.pt")

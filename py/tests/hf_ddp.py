@@ -37,6 +37,7 @@ def main() -> int:
     )
     ap.add_argument("--fsdp", action="store_true", help="the Trainer's FSDP2 (accelerate's)")
     ap.add_argument("--steps", type=int, default=3, help="the Trainer's max_steps")
+    ap.add_argument("--compile", action="store_true", help="the Trainer's torch_compile")
     ap.add_argument(
         "--sleep",
         type=float,
@@ -54,6 +55,8 @@ def main() -> int:
         fsdp_on_the_cpu()
         # The Trainer's own FSDP2 checkpoint (accelerate's, through DCP) at step 2.
         extra = dict(fsdp_args(), save_strategy="steps", save_steps=2)
+    if args.compile:
+        extra["torch_compile"] = True
     targs = training_args(out / "trainer", **dict(ddp_args(), max_steps=args.steps), **extra)
     trainer = transformers.Trainer(model=model, args=targs, train_dataset=Samples(96))
     mine = rank == args.oom_rank

@@ -318,6 +318,38 @@ def test_a_rank_without_memory_for_a_large_gradients_zeros_relaunches_allocating
         ov.close()
 
 
+@pytest.mark.parametrize("compiled", ["outer", "inner"])
+def test_a_compiled_ddp_model_trains_adaptively_and_stays_exact(tmp_path, compiled):
+    """`torch.compile(DDP(model))`, the way PyTorch documents compiling DDP (its
+    optimizer splits the graph at DDP's buckets), was refused as not DDP; and
+    `DDP(torch.compile(model))`. Both train through the overlapped all-reduce (hooks on
+    the parameters, which a compiled backward still accumulates into), the parameters
+    those of one process."""
+    steps, per_rank = 3, 12
+    job = torchrun(
+        2,
+        "ddp_adaptive.py",
+        "--compile",
+        compiled,
+        "--bucket-kib",
+        "1024",
+        "--steps",
+        str(steps),
+        "--per-rank",
+        str(per_rank),
+        "--out",
+        str(tmp_path),
+    )
+    finish(job, timeout=180)
+    for r in range(2):
+        done = json.loads((tmp_path / f"done-rank{r}.json").read_text())
+        assert done["steps"] == steps, (r, done)
+        assert done["early_buckets"] >= steps, done
+        assert kinds(tmp_path / f"rank{r}.jsonl", "finished"), r
+    got = torch.load(tmp_path / "params.pt")
+    assert_params_close(got, reference(steps, per_rank * 2), TOL)
+
+
 class EmbeddingLast(torch.nn.Module):
     """Three layers, then the embedding they read: registered last, so the first guess
     at the order gradients come in (reverse registration) puts it in the first bucket,

@@ -115,6 +115,34 @@ def test_ooms_on_one_rank_at_every_point_are_recovered_by_every_rank(
     assert_params_close(got, reference(steps, per_rank * world), TOL)
 
 
+def test_torch_compile_of_the_sharded_root_runs_through_its_gates(tmp_path):
+    """`torch.compile(root)` after fully_shard: headroom looks through the compile
+    wrapper to the FSDP2 root (it was refused, told to give the Run that root, which it
+    had been), gates its units, and the job learns one process's parameters. (This
+    torch's dynamo traces no graph through FSDP2's hooks here: what runs is eager.)"""
+    steps, per_rank = 3, 12
+    job = torchrun(
+        2,
+        "fsdp_adaptive.py",
+        "--compile",
+        "outer",
+        "--steps",
+        str(steps),
+        "--per-rank",
+        str(per_rank),
+        "--out",
+        str(tmp_path),
+    )
+    finish(job)
+    for r in range(2):
+        done = json.loads((tmp_path / f"done-rank{r}.json").read_text())
+        assert done["steps"] == steps and done["gates"] > 0, (r, done)
+        texts = [n["text"] for n in kinds(tmp_path / f"rank{r}.jsonl", "notice")]
+        assert any("FSDP2 with 3 units" in t for t in texts), texts
+    got = torch.load(tmp_path / "params.pt")
+    assert_params_close(got, reference(steps, per_rank * 2), TOL)
+
+
 def test_one_process_with_fsdp2_recovers_ooms_at_every_point_and_learns_the_same(tmp_path):
     """World size 1 (the run joins no job, no gates): an out-of-memory error inside a unit
     used to leave it half run (its parameters gathered for good), and the run then learned

@@ -121,7 +121,7 @@ def world_size() -> int:
 
 
 def _is_ddp(model: Any) -> bool:
-    return isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    return isinstance(_torch.uncompiled(model), torch.nn.parallel.DistributedDataParallel)
 
 
 def refuse_unsupported(model: Any, world: int) -> None:
@@ -129,6 +129,8 @@ def refuse_unsupported(model: Any, world: int) -> None:
     gets."""
     from ._run import RunError
 
+    # torch.compile of the wrapped model: what it wraps decides.
+    model = _torch.uncompiled(model)
     if _fsdp.is_fsdp2(model):
         why = _fsdp.check(model)
         if why is not None:
@@ -210,7 +212,7 @@ class Job:
 
         self.dist = dist
         self.run = run
-        self.ddp = model if _is_ddp(model) else None
+        self.ddp = _torch.uncompiled(model) if _is_ddp(model) else None
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         self.job_id = job_id
@@ -220,7 +222,8 @@ class Job:
         self.grad_group = self.ddp.process_group if self.ddp is not None else None
         self.meta = dist.new_group(backend="gloo")
         # FSDP2: every unit's collectives behind a gate, on a gloo group of their own.
-        self.fsdp = model if run._adaptive and _fsdp.is_fsdp2(model) else None
+        inner = _torch.uncompiled(model)
+        self.fsdp = inner if run._adaptive and _fsdp.is_fsdp2(inner) else None
         self.gates = None
         # FSDP2: whether the unsharded gradients are held until the last micro-batch (the
         # run decides, _fsdp.holds_unsharded), and what they take.
@@ -228,7 +231,7 @@ class Job:
         self.grad_bytes = 0
         if self.fsdp is not None:
             self.gates = _fsdp.Gates(dist, dist.new_group(backend="gloo"))
-            self.units = _fsdp.install(model, self.gates)
+            self.units = _fsdp.install(inner, self.gates)
         self.params = params
         # The gradients' all-reduce overlapped with the last backward (_overlap), or, once
         # that is off (see set_overlap), after it through the reducer.

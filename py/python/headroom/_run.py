@@ -223,7 +223,7 @@ class Run(StopSignals, JobRank):
             # Under FSDP2 a recomputed unit's forward runs inside backward: one rank's
             # switch would change its collectives, so only a command (every rank at one
             # step) switches checkpointing there.
-            last_resort=not (job is not None and _fsdp.is_fsdp2(model)),
+            last_resort=not (job is not None and _fsdp.is_fsdp2(_torch.uncompiled(model))),
             checkpointing=(
                 "none" if (a.checkpoint_blocks or a.checkpointing) is not None else None
             ),

@@ -56,6 +56,13 @@ def is_compiled(model: Any) -> bool:
     return isinstance(model, wrapper) or isinstance(getattr(model, "module", None), wrapper)
 
 
+def uncompiled(model: Any) -> Any:
+    """The module torch.compile wrapped (`torch.compile(DDP(model))`, the way PyTorch
+    documents compiling DDP: DDP's optimizer splits the graph at its buckets), else
+    `model` itself."""
+    return model._orig_mod if is_compiled(model) and hasattr(model, "_orig_mod") else model
+
+
 def resolve_device(device: Any, model: Any) -> torch.device:
     """The device the run trains on: the argument, else the model's, else CUDA if any."""
     if device is not None:
