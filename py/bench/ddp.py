@@ -18,8 +18,9 @@ of the machine hits both alike:
             backward, during which headroom launches the buckets' all-reduces as their
             gradients are ready (as DDP does), then one small verdict
   serial    the same with the all-reduce after the last backward instead (headroom's
-            design before the overlap, now its fallback): one agreement collective,
-            then the gradients through a preallocated bucket
+            design before the overlap, now its fallback, and its default for gloo on
+            CPUs whose cores the ranks fill): one agreement collective, then the
+            gradients through a preallocated bucket
 
 Printed: each mode's median step time (rank 0's wall clock, which waits for the slowest
 rank in the collectives), the ratios headroom/plain and serial/plain per round (median and
@@ -92,6 +93,8 @@ def main() -> int:
         micro_batch=args.micro,
         adaptive=False,
     )
+    # What the run chose by default (HEADROOM_DDP_OVERLAP=auto): the modes below set it.
+    default = "headroom (overlapped)" if run._job.overlap is not None else "serial"
     reduce_us: list[float] = []
     real_reduce = run._job.reduce
 
@@ -158,6 +161,7 @@ def main() -> int:
         )
         for m in modes:
             print(f"  {m:9s} median step {statistics.median(times[m]) * 1e3:8.1f} ms")
+        print(f"  the run's default here: {default} ({os.cpu_count()} cores)")
         for m, rs in ratios.items():
             print(
                 f"  {m}/plain per round: median {statistics.median(rs):.3f} "

@@ -75,12 +75,20 @@ def main() -> int:
         "buckets) or DDP(torch.compile(model)) (inner)",
     )
     ap.add_argument(
+        "--overlap",
+        choices=["on", "off", "auto"],
+        default="on",
+        help="HEADROOM_DDP_OVERLAP for the run (on: these tests' all-reduce during the last "
+        "backward, whatever the machine's cores)",
+    )
+    ap.add_argument(
         "--reduce-after-from",
         type=int,
         default=0,
         help="from this step on, the gradients are all-reduced after the last backward",
     )
     args = ap.parse_args()
+    os.environ["HEADROOM_DDP_OVERLAP"] = args.overlap
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     out = Path(args.out)

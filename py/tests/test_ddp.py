@@ -318,6 +318,11 @@ def test_a_rank_without_memory_for_a_large_gradients_zeros_relaunches_allocating
         ov.close()
 
 
+def short_job(tmp_path, script: str, *flags: str):
+    """Two ranks of a rank script for 3 steps of 12 samples per rank."""
+    return torchrun(2, script, *flags, "--steps", "3", "--per-rank", "12", "--out", str(tmp_path))
+
+
 @pytest.mark.parametrize("compiled", ["outer", "inner"])
 def test_a_compiled_ddp_model_trains_adaptively_and_stays_exact(tmp_path, compiled):
     """`torch.compile(DDP(model))`, the way PyTorch documents compiling DDP (its
@@ -326,26 +331,74 @@ def test_a_compiled_ddp_model_trains_adaptively_and_stays_exact(tmp_path, compil
     the parameters, which a compiled backward still accumulates into), the parameters
     those of one process."""
     steps, per_rank = 3, 12
-    job = torchrun(
-        2,
-        "ddp_adaptive.py",
-        "--compile",
-        compiled,
-        "--bucket-kib",
-        "1024",
-        "--steps",
-        str(steps),
-        "--per-rank",
-        str(per_rank),
-        "--out",
-        str(tmp_path),
-    )
+    job = short_job(tmp_path, "ddp_adaptive.py", "--compile", compiled, "--bucket-kib", "1024")
     finish(job, timeout=180)
     for r in range(2):
         done = json.loads((tmp_path / f"done-rank{r}.json").read_text())
         assert done["steps"] == steps, (r, done)
         assert done["early_buckets"] >= steps, done
         assert kinds(tmp_path / f"rank{r}.jsonl", "finished"), r
+    got = torch.load(tmp_path / "params.pt")
+    assert_params_close(got, reference(steps, per_rank * 2), TOL)
+
+
+def test_the_overlap_is_chosen_alike_on_every_rank_from_the_jobs_cores():
+    """gloo on the CPU with a host's cores full (each rank's compute threads and one for
+    its communication): after the backward; a core to spare on every host, NCCL, or CUDA
+    tensors: during it. HEADROOM_DDP_OVERLAP on any rank decides, off first."""
+    from headroom._dist import overlap_pays
+
+    def job(*ranks):
+        return list(ranks)
+
+    two_on_two = job(("a", "auto", True, 1, 2), ("a", "auto", True, 1, 2))
+    assert not overlap_pays(two_on_two)
+    assert overlap_pays(job(("a", "auto", True, 1, 4), ("a", "auto", True, 1, 4)))
+    assert not overlap_pays(job(("a", "auto", True, 2, 4), ("a", "auto", True, 1, 4)))
+    # Two hosts: each judged by its own ranks; one full host is enough to lose the overlap.
+    assert overlap_pays(job(("a", "auto", True, 1, 2), ("b", "auto", True, 1, 2)))
+    assert not overlap_pays(
+        job(("a", "auto", True, 1, 2), ("a", "auto", True, 1, 2), ("b", "auto", True, 1, 64))
+    )
+    # The fewest cores a rank of a host reports (a rank pinned to fewer).
+    assert not overlap_pays(job(("a", "auto", True, 1, 16), ("a", "auto", True, 1, 3)))
+    # NCCL (or gloo over CUDA tensors) on any rank.
+    assert overlap_pays(job(("a", "auto", False, 1, 2), ("a", "auto", True, 1, 2)))
+    assert overlap_pays(job(("a", "on", True, 1, 2), ("a", "auto", True, 1, 2)))
+    assert not overlap_pays(job(("a", "on", False, 1, 64), ("a", "off", False, 1, 64)))
+
+
+def test_an_unreadable_overlap_setting_is_refused_naming_the_fix(monkeypatch, one_process_group):
+    from headroom._dist import overlap_facts
+    from headroom._run import RunError
+
+    monkeypatch.setenv("HEADROOM_DDP_OVERLAP", "yes")
+    with pytest.raises(RunError, match=r"HEADROOM_DDP_OVERLAP='yes': say on .* off .* or auto"):
+        overlap_facts(None, [])
+    monkeypatch.setenv("HEADROOM_DDP_OVERLAP", " Off ")
+    asked, gloo, threads, cores = overlap_facts(None, [torch.nn.Parameter(torch.ones(2))])
+    assert (asked, gloo, threads) == ("off", True, torch.get_num_threads()) and cores >= 1
+
+
+def test_the_default_overlap_follows_the_cores_and_the_job_says_which(tmp_path):
+    """Two ranks of one thread: on this machine's cores (2 in CI) every core is taken, so
+    the gradients go after the last backward; with two to spare, during it. Either way
+    the notice says which, and the parameters are one process's."""
+    steps, per_rank = 3, 12
+    job = short_job(tmp_path, "ddp_adaptive.py", "--overlap", "auto", "--bucket-kib", "8")
+    finish(job)
+    # Each rank: one compute thread and one for gloo.
+    overlapped = len(os.sched_getaffinity(0)) >= 2 * (1 + 1)
+    for r in range(2):
+        done = json.loads((tmp_path / f"done-rank{r}.json").read_text())
+        assert (done["early_buckets"] > 0) == overlapped, done
+        texts = [n["text"] for n in kinds(tmp_path / f"rank{r}.jsonl", "notice")]
+        said = (
+            "runs during that backward"
+            if overlapped
+            else "all-reduced once (gloo on a CPU whose cores the ranks' threads fill"
+        )
+        assert any(said in t for t in texts), texts
     got = torch.load(tmp_path / "params.pt")
     assert_params_close(got, reference(steps, per_rank * 2), TOL)
 

@@ -20,6 +20,7 @@ from test_ddp import (
     _pids,
     _wait_for_steps,
     reference,
+    short_job,
     sigterm_in_a_long_step,
 )
 
@@ -121,19 +122,7 @@ def test_torch_compile_of_the_sharded_root_runs_through_its_gates(tmp_path):
     had been), gates its units, and the job learns one process's parameters. (This
     torch's dynamo traces no graph through FSDP2's hooks here: what runs is eager.)"""
     steps, per_rank = 3, 12
-    job = torchrun(
-        2,
-        "fsdp_adaptive.py",
-        "--compile",
-        "outer",
-        "--steps",
-        str(steps),
-        "--per-rank",
-        str(per_rank),
-        "--out",
-        str(tmp_path),
-    )
-    finish(job)
+    finish(short_job(tmp_path, "fsdp_adaptive.py", "--compile", "outer"))
     for r in range(2):
         done = json.loads((tmp_path / f"done-rank{r}.json").read_text())
         assert done["steps"] == steps and done["gates"] > 0, (r, done)

@@ -31,6 +31,7 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import socket
 import time
 from dataclasses import dataclass, field
@@ -191,6 +192,55 @@ def refuse_process_group() -> None:
         )
 
 
+OVERLAP_ENV = "HEADROOM_DDP_OVERLAP"
+
+
+def overlap_facts(group, params: list[torch.nn.Parameter]) -> tuple[str, bool, int, int]:
+    """What this rank knows for `overlap_pays`: HEADROOM_DDP_OVERLAP (on, off or auto),
+    whether its gradients go through gloo on the CPU, its compute threads, its cores."""
+    from ._run import RunError
+
+    asked = os.environ.get(OVERLAP_ENV, "auto").strip().lower() or "auto"
+    if asked not in ("on", "off", "auto"):
+        raise RunError(
+            f"{OVERLAP_ENV}={os.environ[OVERLAP_ENV]!r}: say on (the gradients' all-reduce "
+            "overlaps the last backward), off (after it) or auto (the default), or unset it"
+        )
+    import torch.distributed as dist
+
+    backend = str(dist.get_backend(group)).lower()
+    cpu_gloo = backend == "gloo" and all(p.device.type == "cpu" for p in params)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return asked, cpu_gloo, torch.get_num_threads(), cores
+
+
+def overlap_pays(gathered: list[tuple[str, str, bool, int, int]]) -> bool:
+    """Whether the job's gradients are all-reduced during the last backward (else after
+    it), from every rank's (host, asked, cpu_gloo, threads, cores): the same answer on
+    every rank. HEADROOM_DDP_OVERLAP=off on any rank, or on, decides. By default the
+    overlap is on, except for gloo on the CPU where a host's ranks' compute threads and
+    one communication thread each fill its cores: there the all-reduce competes with the
+    backward for the same cores and hides nothing, and the overlap's hooks, copies and
+    verdict are extra (py/bench/ddp.py on 2 cores, docs/BENCHMARKS.md: headroom 1.039 and
+    1.048 × plain DDP overlapped, 1.000 and 1.007 × after the backward, 2 and 4 ranks)."""
+    asked = {g[1] for g in gathered}
+    if "off" in asked:
+        return False
+    if "on" in asked:
+        return True
+    if not all(g[2] for g in gathered):
+        return True
+    load: dict[str, int] = {}
+    cores: dict[str, int] = {}
+    for host, _, _, threads, n in gathered:
+        load[host] = load.get(host, 0) + threads + 1
+        cores[host] = min(cores.get(host, n), n)
+    return all(load[h] <= cores[h] for h in load)
+
+
 @dataclass
 class Agreement:
     """What every rank learned at one agreement: the same on every rank."""
@@ -237,11 +287,24 @@ class Job:
         # that is off (see set_overlap), after it through the reducer.
         self.overlap: _overlap.Overlap | None = None
         self.reducer: GradReducer | None = None
+        # Each rank's host, and what it knows for the choice of overlap (the same choice on
+        # every rank: they issue the same collectives).
+        mine = (socket.gethostname(), *overlap_facts(self.grad_group, params))
+        gathered: list[Any] = [None] * self.world
+        dist.all_gather_object(gathered, mine, group=self.meta)
+        self.hosts = [str(g[0]) for g in gathered]
+        # Why the gradients go after the last backward, when they do from the start.
+        self.serial_why = ""
         if self.ddp is not None and run._adaptive:
-            self.set_overlap(True)
-        hosts: list[Any] = [None] * self.world
-        dist.all_gather_object(hosts, socket.gethostname(), group=self.meta)
-        self.hosts = [str(h) for h in hosts]
+            on = overlap_pays(gathered)
+            self.set_overlap(on)
+            if not on:
+                self.serial_why = (
+                    f"{OVERLAP_ENV}=off"
+                    if any(g[1] == "off" for g in gathered)
+                    else "gloo on a CPU whose cores the ranks' threads fill: the all-reduce "
+                    f"could hide behind nothing; {OVERLAP_ENV}=on overlaps it"
+                )
         self.want_stop: str | None = None
         self.applied = 0
         self.agreed_applied = 0

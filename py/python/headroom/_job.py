@@ -73,6 +73,7 @@ class JobRank:
                 if job.overlap is not None
                 else "DDP's no_sync(), so an out-of-memory error stays local); after every "
                 "rank's micro-batches the ranks agree, then the gradients are all-reduced once"
+                + (f" ({job.serial_why})" if job.serial_why else "")
             )
         else:
             text = (
