@@ -204,9 +204,9 @@ def poll_pause(waited_s: float) -> float:
 OVERLAP_ENV = "HEADROOM_DDP_OVERLAP"
 
 
-def overlap_facts(group, params: list[torch.nn.Parameter]) -> tuple[str, bool, int, int]:
-    """What this rank knows for `overlap_pays`: HEADROOM_DDP_OVERLAP (on, off or auto),
-    whether its gradients go through gloo on the CPU, its compute threads, its cores."""
+def overlap_asked() -> str:
+    """HEADROOM_DDP_OVERLAP: on, off or auto (unset). Checked as a Run starts, before
+    anything is set up."""
     from ._run import RunError
 
     asked = os.environ.get(OVERLAP_ENV, "auto").strip().lower() or "auto"
@@ -215,6 +215,13 @@ def overlap_facts(group, params: list[torch.nn.Parameter]) -> tuple[str, bool, i
             f"{OVERLAP_ENV}={os.environ[OVERLAP_ENV]!r}: say on (the gradients' all-reduce "
             "overlaps the last backward), off (after it) or auto (the default), or unset it"
         )
+    return asked
+
+
+def overlap_facts(group, params: list[torch.nn.Parameter]) -> tuple[str, bool, int, int]:
+    """What this rank knows for `overlap_pays`: HEADROOM_DDP_OVERLAP, whether its
+    gradients go through gloo on the CPU, its compute threads, its cores."""
+    asked = overlap_asked()
     import torch.distributed as dist
 
     backend = str(dist.get_backend(group)).lower()

@@ -151,6 +151,7 @@ class Run(StopSignals, JobRank):
         joined = job is not None and world > 1 and (a.effective_batch is not None or a.job_view)
         if joined and a.effective_batch is not None:
             _dist.refuse_unsupported(a.model, world)
+            _dist.overlap_asked()
         budget = a.memory_budget
         if budget is not None and cuda and budget.strip().lower() != "auto":
             _torch.cap_cuda(self.device, _native.parse_bytes(budget))
