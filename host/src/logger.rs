@@ -359,8 +359,9 @@ fn rotate(
 impl LogWriter {
     /// Writes until every sender of `lines` is gone. A write failure (disk full, ...) is
     /// told once on screen through `ui`, then the writer keeps draining without writing,
-    /// so the trainer never blocks on a dead log.
-    pub fn start(log: PendingLog, lines: Receiver<Record>, ui: Bus) -> LogWriter {
+    /// so the trainer never blocks on a dead log. Err: the writer's thread could not start
+    /// (a hard cap with no room left for its stack), said as what the run does without it.
+    pub fn start(log: PendingLog, lines: Receiver<Record>, ui: Bus) -> Result<LogWriter, String> {
         let path = log.path.clone();
         let taken = Arc::new(AtomicU64::new(0));
         let counter = Arc::clone(&taken);
@@ -477,12 +478,18 @@ impl LogWriter {
                 }
                 failed
             })
-            .expect("spawning the log writer");
-        LogWriter {
+            .map_err(|e| {
+                format!(
+                    "the log writer's thread could not start ({e}): this run writes no log \
+                     ({} stays empty); the screen and attached viewers still get every record",
+                    path.display()
+                )
+            })?;
+        Ok(LogWriter {
             thread,
             path,
             taken,
-        }
+        })
     }
 
     /// Waits for the last line, up to `wait` while the writer works through its queue and
@@ -611,7 +618,8 @@ mod tests {
             open(&fifo, &[], None, WAIT).unwrap(),
             rx.log.unwrap(),
             bus.ui_only(),
-        );
+        )
+        .unwrap();
         let t0 = Instant::now();
         // Records of 4 KiB: the pipe's 64 KiB fill after a handful, and the writer blocks.
         for _ in 0..2_000 {
@@ -697,7 +705,8 @@ mod tests {
             open(&path, &[], None, WAIT).unwrap(),
             rx.log.unwrap(),
             bus.ui_only(),
-        );
+        )
+        .unwrap();
         bus.send(Telemetry::Status {
             status: RunStatus::Paused,
         });
@@ -721,7 +730,7 @@ mod tests {
         // empty (no flush then), the reading after it is held.
         bus.send(Telemetry::Segments(headroom_core::SegmentMap::default()));
         bus.send(Telemetry::Sample(headroom_core::SystemSample::default()));
-        let writer = LogWriter::start(log, rx.log.unwrap(), bus.ui_only());
+        let writer = LogWriter::start(log, rx.log.unwrap(), bus.ui_only()).unwrap();
         // At once, not at the writer's 1 s timer for unflushed records (ZST_FLUSH).
         let deadline = Instant::now() + ZST_FLUSH * 7 / 10;
         let text = loop {
@@ -771,7 +780,8 @@ mod tests {
             open(&path, &[], None, WAIT).unwrap(),
             rx.log.unwrap(),
             bus.ui_only(),
-        );
+        )
+        .unwrap();
         for i in 0..100 {
             bus.send(Telemetry::Status {
                 status: if i % 2 == 0 {
@@ -806,7 +816,8 @@ mod tests {
                     .with_rotation(Some(Rotate::Size(1 << 20))),
                 rx.log.unwrap(),
                 bus.ui_only(),
-            );
+            )
+            .unwrap();
             // 3.5 MiB that does not compress: three full segments and the live file.
             for i in 0..875 {
                 bus.send(noisy(i, 4096));

@@ -157,3 +157,58 @@ fn threads_allocating_at_once_under_a_full_cap_keep_their_blocks_apart() {
     }
     in_a_child("threads_allocating_at_once_under_a_full_cap_keep_their_blocks_apart");
 }
+
+/// A run's threads started under a full cap (a second run in a process whose first one
+/// trained to the cap): the kernel has no room for a thread's stack. The log writer and
+/// the sampler that cannot start are each said once, and the run goes on without them;
+/// before, the log writer's `expect` panicked.
+#[test]
+fn threads_a_full_cap_refuses_are_said_and_the_run_goes_on_without_them() {
+    use headroom_core::Telemetry;
+    use headroom_host::sampler::Sampler;
+    use headroom_host::server::ServeOptions;
+    use headroom_host::session::{run_bus, Sinks};
+
+    if std::env::var_os(CHILD).is_some() {
+        let dir = std::env::temp_dir().join(format!("own-heap-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("run.jsonl");
+        let log = headroom_host::logger::open(&path, &[], None, std::time::Duration::from_secs(1))
+            .unwrap();
+        let (bus, rx) = run_bus(true);
+        let (commands, _held) = crossbeam_channel::unbounded();
+        let opts = ServeOptions {
+            run_name: "capped".into(),
+            listen: None,
+            producer: "test".into(),
+            job: None,
+        };
+        fill_cap();
+        let sinks = Sinks::start(&bus, Some(log), rx.log, None, commands, opts)
+            .with_sampler(Sampler::start(bus.clone(), None, 20.0, None));
+        let said: Vec<String> = rx
+            .events
+            .try_iter()
+            .filter_map(|r| match r.msg {
+                Telemetry::Notice(n) => Some(format!("{}: {}", n.source, n.text)),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            said.iter()
+                .any(|t| t.starts_with("log: the log writer's thread could not start")),
+            "{said:?}"
+        );
+        assert!(
+            said.iter()
+                .any(|t| t.starts_with("sampler: the sampler's thread could not start")),
+            "{said:?}"
+        );
+        assert_eq!(sinks.close(), None);
+        let _ = std::fs::remove_dir_all(&dir);
+        println!("said: {said:?}");
+        return;
+    }
+    let text = in_a_child("threads_a_full_cap_refuses_are_said_and_the_run_goes_on_without_them");
+    assert!(text.contains("said: "), "{text}");
+}

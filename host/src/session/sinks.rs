@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
-use headroom_core::{Bus, BusReceivers, Command, Record};
+use headroom_core::{Bus, BusReceivers, Command, Level, Notice, Record, Telemetry};
 
 use crate::logger::{LogWriter, PendingLog};
 use crate::sampler::Sampler;
@@ -49,7 +49,13 @@ impl Sinks {
         opts: ServeOptions,
     ) -> Sinks {
         let log = match (log, lines) {
-            (Some(log), Some(lines)) => Some(LogWriter::start(log, lines, bus.ui_only())),
+            (Some(log), Some(lines)) => match LogWriter::start(log, lines, bus.ui_only()) {
+                Ok(writer) => Some(writer),
+                Err(why) => {
+                    bus.send(Telemetry::Notice(Notice::new(Level::Warn, "log", why)));
+                    None
+                }
+            },
             (Some(log), None) => {
                 log.abandon();
                 None
