@@ -345,27 +345,23 @@ def test_a_compiled_ddp_model_trains_adaptively_and_stays_exact(tmp_path, compil
 def test_the_overlap_is_chosen_alike_on_every_rank_from_the_jobs_cores():
     """gloo on the CPU with a host's cores full (each rank's compute threads and one for
     its communication): after the backward; a core to spare on every host, NCCL, or CUDA
-    tensors: during it. HEADROOM_DDP_OVERLAP on any rank decides, off first."""
+    tensors: during it. HEADROOM_DDP_OVERLAP on any rank decides, off first. Each rank:
+    (host, asked, gloo on the CPU, threads, cores)."""
     from headroom._dist import overlap_pays
 
-    def job(*ranks):
-        return list(ranks)
-
-    two_on_two = job(("a", "auto", True, 1, 2), ("a", "auto", True, 1, 2))
-    assert not overlap_pays(two_on_two)
-    assert overlap_pays(job(("a", "auto", True, 1, 4), ("a", "auto", True, 1, 4)))
-    assert not overlap_pays(job(("a", "auto", True, 2, 4), ("a", "auto", True, 1, 4)))
+    assert not overlap_pays([("a", "auto", True, 1, 2), ("a", "auto", True, 1, 2)])
+    assert overlap_pays([("a", "auto", True, 1, 4), ("a", "auto", True, 1, 4)])
+    assert not overlap_pays([("a", "auto", True, 2, 4), ("a", "auto", True, 1, 4)])
     # Two hosts: each judged by its own ranks; one full host is enough to lose the overlap.
-    assert overlap_pays(job(("a", "auto", True, 1, 2), ("b", "auto", True, 1, 2)))
-    assert not overlap_pays(
-        job(("a", "auto", True, 1, 2), ("a", "auto", True, 1, 2), ("b", "auto", True, 1, 64))
-    )
+    assert overlap_pays([("a", "auto", True, 1, 2), ("b", "auto", True, 1, 2)])
+    full_a = [("a", "auto", True, 1, 2), ("a", "auto", True, 1, 2), ("b", "auto", True, 1, 64)]
+    assert not overlap_pays(full_a)
     # The fewest cores a rank of a host reports (a rank pinned to fewer).
-    assert not overlap_pays(job(("a", "auto", True, 1, 16), ("a", "auto", True, 1, 3)))
+    assert not overlap_pays([("a", "auto", True, 1, 16), ("a", "auto", True, 1, 3)])
     # NCCL (or gloo over CUDA tensors) on any rank.
-    assert overlap_pays(job(("a", "auto", False, 1, 2), ("a", "auto", True, 1, 2)))
-    assert overlap_pays(job(("a", "on", True, 1, 2), ("a", "auto", True, 1, 2)))
-    assert not overlap_pays(job(("a", "on", False, 1, 64), ("a", "off", False, 1, 64)))
+    assert overlap_pays([("a", "auto", False, 1, 2), ("a", "auto", True, 1, 2)])
+    assert overlap_pays([("a", "on", True, 1, 2), ("a", "auto", True, 1, 2)])
+    assert not overlap_pays([("a", "on", False, 1, 64), ("a", "off", False, 1, 64)])
 
 
 def test_an_unreadable_overlap_setting_is_refused_naming_the_fix(monkeypatch, one_process_group):
