@@ -149,14 +149,8 @@ def main() -> int:
         order = ready_order(model, loss_of(model, kind))
         mb = sum(p.numel() * p.element_size() for p in params) / 1e6
         first = _overlap.layout(params, CAP)
-        slots = {}
-        for b in first:
-            size = params[b.params[0]].element_size()
-            n = max(1, CAP // size) if b.solo else b.numel
-            slots[b.key] = max(slots.get(b.key, 0), n * size)
-        came = set(order)
-        full = order + [i for i in reversed(range(len(params))) if i not in came]
-        again = _overlap.layout(params, CAP, full, slots)
+        slot, _ = _overlap.ring_sizes(params, first, CAP)
+        again = _overlap.relaid(params, CAP, _overlap.full_order(order, len(params)), slot)
         for label, buckets in (("reverse registration", first), ("ready order (relaid)", again)):
             share = early_share(buckets, order, params)
             print(f"{name:28} {mb:6.0f}  {label:24} {len(buckets):7d} {share:13.1%}")

@@ -278,7 +278,9 @@ class Job:
 
         self.dist = dist
         self.run = run
-        self.ddp = _torch.uncompiled(model) if _is_ddp(model) else None
+        # torch.compile of the wrapped model: what it wraps is the job's.
+        inner = _torch.uncompiled(model)
+        self.ddp = inner if _is_ddp(inner) else None
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         self.job_id = job_id
@@ -288,7 +290,6 @@ class Job:
         self.grad_group = self.ddp.process_group if self.ddp is not None else None
         self.meta = dist.new_group(backend="gloo")
         # FSDP2: every unit's collectives behind a gate, on a gloo group of their own.
-        inner = _torch.uncompiled(model)
         self.fsdp = inner if run._adaptive and _fsdp.is_fsdp2(inner) else None
         self.gates = None
         # FSDP2: whether the unsharded gradients are held until the last micro-batch (the

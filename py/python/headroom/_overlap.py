@@ -54,6 +54,10 @@ NONE: frozenset[int] = frozenset()
 FIRST_BUCKET_BYTES = 1 << 20
 
 
+# A dtype and device: gradients of one are bucketed and all-reduced together.
+Key = tuple[torch.dtype, torch.device]
+
+
 @dataclass
 class Bucket:
     """Gradients all-reduced together: one dtype and device, contiguous in the buffer."""
@@ -125,6 +129,45 @@ def layout(
     return buckets
 
 
+def ring_sizes(
+    params: list[torch.nn.Parameter], buckets: list[Bucket], cap_bytes: int
+) -> tuple[dict[Key, int], dict[Key, int]]:
+    """Per dtype and device: a ring buffer's elements (the largest bucket's of several
+    gradients, or a bucket's where there are chunks), and, with a gradient larger than a
+    bucket, its chunks' elements: the whole ring's (RING buckets). A rank in abort mode
+    sends each chunk from the ring (every rank cuts the same chunks, so the collectives'
+    sizes match), and a gradient up to 50 MiB (at DDP's default) still takes one
+    collective, as in DDP."""
+    slot: dict[Key, int] = {}
+    chunk: dict[Key, int] = {}
+    for b in buckets:
+        size = params[b.params[0]].element_size()
+        n = b.numel
+        if b.solo:
+            n = max(1, cap_bytes // size)
+            chunk[b.key] = RING * n
+        # Every buffer 512-byte aligned, as its own allocation would be (NCCL's
+        # vectorized path).
+        align = max(1, 512 // size)
+        slot[b.key] = max(slot.get(b.key, 0), -(-n // align) * align)
+    return slot, chunk
+
+
+def full_order(seen: list[int], n_params: int) -> list[int]:
+    """The order gradients came in (`seen`); those that never came (a branch not taken)
+    after them, in reverse registration order."""
+    came = set(seen)
+    return seen + [i for i in reversed(range(n_params)) if i not in came]
+
+
+def relaid(
+    params: list[torch.nn.Parameter], cap_bytes: int, order: list[int], slot: dict[Key, int]
+) -> list[Bucket]:
+    """The layout in `order`, each bucket within the ring `slot` sized for the first."""
+    slot_bytes = {key: n * key[0].itemsize for key, n in slot.items()}
+    return layout(params, cap_bytes, order, slot_bytes)
+
+
 class Overlap:
     """One rank's buckets, hooks and buffers; armed for the last backward of a step."""
 
@@ -142,24 +185,7 @@ class Overlap:
         backend = str(dist.get_backend(group)).lower()
         self.op = dist.ReduceOp.AVG if backend == "nccl" else dist.ReduceOp.SUM
         self.divide = self.op == dist.ReduceOp.SUM and world > 1
-        # Per dtype and device with a gradient larger than a bucket: its chunks' elements,
-        # the whole ring's (RING buckets): a rank in abort mode sends each from the ring
-        # (every rank cuts the same chunks, so the collectives' sizes match), and a
-        # gradient up to 50 MiB (at DDP's default) still takes one collective, as in DDP.
-        self.chunk: dict[tuple[torch.dtype, torch.device], int] = {}
-        # Per dtype and device: a ring buffer's elements, the largest bucket's of several
-        # gradients, or a bucket's where there are chunks.
-        self.slot: dict[tuple[torch.dtype, torch.device], int] = {}
-        for b in self.buckets:
-            size = self.params[b.params[0]].element_size()
-            n = b.numel
-            if b.solo:
-                n = max(1, cap // size)
-                self.chunk[b.key] = RING * n
-            # Every buffer 512-byte aligned, as its own allocation would be (NCCL's
-            # vectorized path).
-            align = max(1, 512 // size)
-            self.slot[b.key] = max(self.slot.get(b.key, 0), -(-n // align) * align)
+        self.slot, self.chunk = ring_sizes(params, self.buckets, cap)
         self.ring = {
             key: torch.empty(RING * n, dtype=key[0], device=key[1]) for key, n in self.slot.items()
         }
@@ -203,17 +229,14 @@ class Overlap:
                 self.bucket_of[i] = k
 
     def ready_order(self) -> list[int]:
-        """The order this attempt's gradients were ready in; those that never came
-        (a branch not taken) after them, in reverse registration order."""
-        came = set(self.seen)
-        return self.seen + [i for i in reversed(range(len(self.params))) if i not in came]
+        """The order this attempt's gradients were ready in (`full_order`)."""
+        return full_order(self.seen, len(self.params))
 
     def relayout(self, order: list[int]) -> bool:
         """The buckets laid out again in `order` (the same on every rank, between steps),
         each within the ring already allocated. Returns whether the layout changed."""
         self.relaid = True
-        slot_bytes = {key: n * self.ring[key].element_size() for key, n in self.slot.items()}
-        buckets = layout(self.params, self.cap, order, slot_bytes)
+        buckets = relaid(self.params, self.cap, order, self.slot)
         if [b.params for b in buckets] == [b.params for b in self.buckets]:
             return False
         self._set_buckets(buckets)
