@@ -7,6 +7,8 @@ from typing import Any, Callable
 
 import torch
 
+from . import _internals
+
 Split = Callable[[Any, int, int], Any]
 
 
@@ -74,7 +76,7 @@ def take_dynamic(batch: Any, start: int, end: int) -> Any:
     part = take(batch, start, end)
     for _, t in _leaves(part, "batch"):
         if t.dim() > 0:
-            torch._dynamo.maybe_mark_dynamic(t, 0)
+            _internals.mark_dynamic(t, 0)
     return part
 
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from . import _fsdp, _overlap, _torch
+from . import _fsdp, _internals, _overlap, _torch
 
 # One record per rank, float64, in this order.
 FIELDS = (
@@ -295,6 +295,7 @@ class Job:
         # FSDP2: whether the unsharded gradients are held until the last micro-batch (the
         # run decides, _fsdp.holds_unsharded), and what they take.
         self.hold = True
+        self.hold_own = True
         self.grad_bytes = 0
         if self.fsdp is not None:
             self.gates = _fsdp.Gates(dist, dist.new_group(backend="gloo"))
@@ -328,6 +329,15 @@ class Job:
         self.last: dict[str, float] = {}
         self.agreements = 0
         self.agree_us_total = 0.0
+
+    def agree_hold(self, mine: bool) -> bool:
+        """FSDP2: whether every rank holds its unsharded gradients until the last
+        micro-batch. One answer for the job: a rank that reduce-scatters after every
+        micro-batch while another holds would enter reduce-scatters the other never
+        does (each rank's own limit decides its vote: a capped rank reduces)."""
+        t = torch.tensor([1.0 if mine else 0.0], dtype=torch.float64)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MIN, group=self.meta)
+        return bool(t[0] > 0)
 
     # ---- the agreement ---------------------------------------------------------------
 
@@ -364,7 +374,8 @@ class Job:
         out = [torch.empty_like(mine) for _ in range(self.world)]
         t0 = time.perf_counter()
         try:
-            work = self.dist.all_gather(out, mine, group=self.meta, async_op=True)
+            with _torch.cap_lifted():
+                work = self.dist.all_gather(out, mine, group=self.meta, async_op=True)
             self._wait(work, step, self.agreements)
         except RankFailed:
             raise
@@ -470,7 +481,7 @@ class Job:
         in the job's store too, so ranks already waiting there know this one is alive."""
         self.want_stop = self.want_stop or name
         try:
-            store = self.dist.distributed_c10d._get_default_store()
+            store = _internals.default_store()
             store.set(f"headroom/{self.job_id}/alive/{self.rank}", "1")
         except Exception:
             pass
@@ -480,7 +491,7 @@ class Job:
         said they are alive since a signal (through the job's store; only on the slow
         path). Unknown (no store): nobody."""
         try:
-            store = self.dist.distributed_c10d._get_default_store()
+            store = _internals.default_store()
             arrived = f"headroom/{self.job_id}/arrived/{round_}/"
             self._mark_arrived(round_)
             missing = [r for r in range(self.world) if not store.check([arrived + str(r)])]
@@ -492,7 +503,7 @@ class Job:
 
     def _mark_arrived(self, round_: int) -> None:
         with contextlib.suppress(Exception):
-            store = self.dist.distributed_c10d._get_default_store()
+            store = _internals.default_store()
             store.set(f"headroom/{self.job_id}/arrived/{round_}/{self.rank}", "1")
 
     def _publish(self, step: int, a: Agreement) -> None:
@@ -549,7 +560,7 @@ class Job:
         gated instead: the sharded accumulation sets its own sync.)"""
         if self.ddp is None:
             return contextlib.nullcontext()
-        self.ddp.require_forward_param_sync = False
+        _internals.ddp_forward_sync_off(self.ddp)
         return self.ddp.no_sync()
 
     def sync_buffers(self, step: int) -> None:
@@ -558,9 +569,9 @@ class Job:
         ddp = self.ddp
         if ddp is None or not ddp.broadcast_buffers:
             return
-        buffers = getattr(ddp, "modules_buffers", None) or list(ddp.module.buffers())
+        buffers = _internals.ddp_buffers(ddp)
         try:
-            with torch.no_grad():
+            with torch.no_grad(), _torch.cap_lifted():
                 for b in buffers:
                     self.dist.broadcast(b, src=0, group=self.grad_group)
         except RuntimeError as e:
@@ -601,7 +612,8 @@ class Job:
                 zeros_oom = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 ov.launch_rest(abort=True)
             mine = ov.verdict_record(oom or zeros_oom is not None, failed)
-            work = self.dist.all_reduce(mine, group=self.meta, async_op=True)
+            with _torch.cap_lifted():
+                work = self.dist.all_reduce(mine, group=self.meta, async_op=True)
             self._wait(work, step, self.agreements)
             self.agreements += 1
             v = ov.read(mine, len(self.params))
@@ -649,7 +661,8 @@ class Job:
                     )
                 head = [1.0 if zeros_oom else 0.0, 0.0, 0.0]
                 mine = torch.tensor(head + [1.0 if h else 0.0 for h in had], dtype=torch.float64)
-                work = self.dist.all_reduce(mine, group=self.meta, async_op=True)
+                with _torch.cap_lifted():
+                    work = self.dist.all_reduce(mine, group=self.meta, async_op=True)
                 self._wait(work, step, self.agreements)
                 self.agreements += 1
                 v = _overlap.Overlap.read(mine)
@@ -659,7 +672,8 @@ class Job:
                 for p, has in zip(self.params, v.has_grad):
                     if not has:
                         p.grad = None
-            self.reducer.reduce()
+            with _torch.cap_lifted():
+                self.reducer.reduce()
         except RankFailed:
             raise
         except RuntimeError as e:

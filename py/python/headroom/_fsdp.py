@@ -30,8 +30,17 @@ a fixed-batch run) while those gradients take at most a tenth of the memory limi
 that, a reduce-scatter after every micro-batch keeps them sharded (:data:`HOLD_SHARE`,
 the run's ``sharded_accumulation=``). docs/PYTHON.md, "FSDP2".
 
+A gate's promise holds only if nothing between it and the collective can fail: every rank
+that passed it is inside the collective a moment later. So the collective's buffer is
+allocated before the gate, and the collective itself runs with the hard cap lifted
+(gloo's all-gather allocates a temporary as large as its output, under the cap a failure
+after the others had entered: the deadlock of issue 44). A rank that still cannot enter a
+collective it passed the gate for ends the job (:class:`CollectiveFailed`): the others are
+inside it, and only the end of this process lets them out.
+
 Only torch.distributed moves data between ranks. FSDP2's between-steps state is private to
-torch: :func:`check` refuses a torch whose FSDP2 lacks what :func:`reset` puts back.
+torch before 2.15 (_internals): :func:`check` refuses a torch whose FSDP2 lacks what
+:func:`reset` puts back.
 """
 
 from __future__ import annotations
@@ -40,6 +49,8 @@ import time
 from typing import Any
 
 import torch
+
+from . import _internals, _torch
 
 # What a gate carries: [worst status, whether any rank is still in the step]. The worst
 # (the largest) decides: a failure ends the job, a stop gives the step up, an
@@ -62,6 +73,13 @@ class PeerAbandoned(RuntimeError):
 
 class PeerFailed(RuntimeError):
     """Another rank failed mid-step (not out of memory): the agreement says which, why."""
+
+
+class CollectiveFailed(RuntimeError):
+    """This rank passed a gate and then could not enter the collective behind it: the
+    other ranks are inside it and wait for this one, so the job cannot go on. Raised
+    past the gates and the agreement (which the others can no longer reach); the
+    process's end is what frees them (torchrun ends the job)."""
 
 
 def is_comm_error(e: BaseException) -> bool:
@@ -114,20 +132,9 @@ def outermost(module: torch.nn.Module) -> Any:
 
 
 def check(model: Any) -> str | None:
-    """Why this FSDP2 model cannot be run adaptively (None: it can)."""
-    try:
-        from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
-        from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
-    except ImportError as e:
-        return f"this torch's FSDP2 has no custom collectives ({e})"
-    del AllGather, ReduceScatter, TrainingState
-    state = model._get_fsdp_state()
-    ctx = getattr(state, "_state_ctx", None)
-    if ctx is None or not hasattr(ctx, "all_states") or not hasattr(state, "_fsdp_param_group"):
-        return (
-            f"torch {torch.__version__}'s FSDP2 keeps its step state where headroom cannot reset it"
-        )
-    return None
+    """Why this FSDP2 model cannot be run adaptively (None: it can): what this torch's
+    FSDP2 lacks of what the gates and the reset need (_internals)."""
+    return _internals.fsdp_missing(model)
 
 
 class Gates:
@@ -142,6 +149,10 @@ class Gates:
         # While a step's micro-batches run: whether this rank is to leave the step (a stop
         # signal arrived), asked before each gate, so a long micro-batch is left promptly.
         self.leaving = None
+        # The rounds' tensors, made once: a round must not allocate (under a full cap, an
+        # allocation in `leave` would strand the others at their gates).
+        self._round_buf = torch.zeros(2, dtype=torch.float64)
+        self._count_buf = torch.zeros(2, dtype=torch.float64)
 
     def close(self) -> None:
         """The run has ended: FSDP's collectives pass without a gate from now on (a
@@ -151,9 +162,11 @@ class Gates:
             self.dist.destroy_process_group(group)
 
     def _round(self, status: float, running: float) -> tuple[float, float]:
-        t = torch.tensor([status, running], dtype=torch.float64)
+        t = self._round_buf
+        t[0], t[1] = status, running
         t0 = time.perf_counter()
-        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX, group=self.group)
+        with _torch.cap_lifted():
+            self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX, group=self.group)
         self.us += (time.perf_counter() - t0) * 1e6
         return float(t[0]), float(t[1])
 
@@ -186,13 +199,31 @@ class Gates:
     def count(self, wanted: int, give_up: bool = False) -> int:
         """The step's micro-batch count every rank runs: the largest any wants; 0 when a
         rank gives up (it cannot fit one sample)."""
-        t = torch.tensor([float(wanted), 1.0 if give_up else 0.0], dtype=torch.float64)
-        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX, group=self.group)
+        t = self._count_buf
+        t[0], t[1] = float(wanted), 1.0 if give_up else 0.0
+        with _torch.cap_lifted():
+            self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX, group=self.group)
         return 0 if t[1] > 0 else int(t[0])
+
+    def enter(self, what: str, collective, *args, **kwargs):
+        """A collective behind a gate every rank passed: entered with the cap lifted, and
+        never left for the gates' rounds (the others are inside it)."""
+        try:
+            with _torch.cap_lifted():
+                return collective(*args, **kwargs)
+        except Exception as e:
+            if is_comm_error(e):
+                raise
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise CollectiveFailed(
+                f"this rank passed the gate of FSDP's {what} and could not enter it "
+                f"({type(e).__name__}: {first}); the other ranks are inside it, so the job "
+                "cannot go on"
+            ) from e
 
 
 def _comms(gates: Gates):
-    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
+    AllGather, ReduceScatter = _internals.fsdp_comm_bases()
 
     class GatedAllGather(AllGather):
         """FSDP's own all-gather, its buffer allocated first, behind a gate."""
@@ -202,8 +233,13 @@ def _comms(gates: Gates):
 
         def __call__(self, output_tensor, input_tensor, group, async_op=False):
             gates.gate()
-            return gates.dist.all_gather_into_tensor(
-                output_tensor, input_tensor, group=group, async_op=async_op
+            return gates.enter(
+                "all-gather",
+                gates.dist.all_gather_into_tensor,
+                output_tensor,
+                input_tensor,
+                group=group,
+                async_op=async_op,
             )
 
     class GatedReduceScatter(ReduceScatter):
@@ -215,8 +251,14 @@ def _comms(gates: Gates):
         def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
             gates.gate()
             gates.reduce_scatters += 1
-            return gates.dist.reduce_scatter_tensor(
-                output=output_tensor, input=input_tensor, group=group, op=op, async_op=async_op
+            return gates.enter(
+                "reduce-scatter",
+                gates.dist.reduce_scatter_tensor,
+                output=output_tensor,
+                input=input_tensor,
+                group=group,
+                op=op,
+                async_op=async_op,
             )
 
     return GatedAllGather(), GatedReduceScatter()
@@ -262,43 +304,5 @@ def reset(model: torch.nn.Module) -> None:
     """FSDP's state back to between steps after an exception left a forward or backward
     half run: no pending all-gather or reduce-scatter, every unit resharded, no
     unsharded gradient accumulated, the next forward the start of an iteration."""
-    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
-
-    root = model._get_fsdp_state()
-    ctx = root._state_ctx
-    for state in ctx.all_states:
-        group = state._fsdp_param_group
-        if group is not None:
-            for name in (
-                "_all_gather_result",
-                "_partial_reduce_output",
-                "_all_reduce_state",
-                "_post_reduce_event",
-            ):
-                if hasattr(group, name):
-                    setattr(group, name, None)
-            for p in group.fsdp_params:
-                p.unsharded_accumulated_grad = None
-                unsharded = getattr(p, "_unsharded_param", None)
-                if unsharded is not None:
-                    unsharded.grad = None
-            group._training_state = TrainingState.IDLE
-            group.reshard()
-        state._training_state = TrainingState.IDLE
-        # A unit of several modules (fully_shard([norm, embed, head]), as accelerate makes
-        # for a tied embedding) runs its pre-forward only when this set is empty: a
-        # forward that raised inside it left the set full, and the redo would run the
-        # modules on their shards, never gathered.
-        pending = getattr(state, "_modules_to_run_forward", None)
-        if pending is not None:
-            pending.clear()
-    ctx.iter_forward_root = None
-    ctx.post_backward_final_callback_queued = False
-    ctx.is_last_backward = True
-    comm = getattr(root, "_comm_ctx", None)
-    if comm is not None:
-        comm.all_gather_state = None
-        comm.reduce_scatter_state = None
-        if hasattr(comm, "post_forward_order"):
-            comm.post_forward_order.clear()
+    _internals.fsdp_reset(model)
     set_sync(model, True)

@@ -45,9 +45,10 @@ class JobRank:
             job = self._job
             if job.fsdp is not None:
                 job.grad_bytes = _fsdp.unsharded_grad_bytes(job.fsdp)
-                job.hold = _fsdp.holds_unsharded(
+                job.hold_own = _fsdp.holds_unsharded(
                     self._sharded_accumulation, job.grad_bytes, self._native.limit_bytes
                 )
+                job.hold = job.agree_hold(job.hold_own)
             self._say_job(world)
 
     def _say_job(self, world: int) -> None:
@@ -89,7 +90,9 @@ class JobRank:
         limit = self._native.limit_bytes
         share = f", {job.grad_bytes / limit:.0%} of the limit" if limit > 0 else ""
         how = (
-            "sharded_accumulation=" + repr(self._sharded_accumulation)
+            "another rank's choice: every rank reduces alike"
+            if job.hold_own and not job.hold
+            else "sharded_accumulation=" + repr(self._sharded_accumulation)
             if self._sharded_accumulation != "auto"
             else "at most a tenth of the limit: held"
             if job.hold
@@ -120,7 +123,8 @@ class JobRank:
     def _job_fail(self, step: int, error: BaseException) -> None:
         """This rank cannot finish the step: the others learn why at the agreement,
         instead of waiting there for it."""
-        if isinstance(error, _dist.RankFailed):
+        if isinstance(error, (_dist.RankFailed, _fsdp.CollectiveFailed)):
+            # The others know already, or are inside a collective and cannot be told.
             return
         text = f"{type(error).__name__}: {error}".strip()
         # Best effort: the original error is what this rank raises either way.
@@ -318,6 +322,8 @@ class JobRank:
                 status = _fsdp.ABANDON
             except _fsdp.PeerFailed:
                 status = _fsdp.FAILED
+            except _fsdp.CollectiveFailed:
+                raise
             except Exception as e:
                 loss = None
                 if _fsdp.is_comm_error(e):

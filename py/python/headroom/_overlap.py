@@ -44,6 +44,8 @@ from typing import Any
 
 import torch
 
+from . import _torch
+
 # Buffers per dtype and device: a bucket's buffer is reused two buckets later, after its
 # all-reduce has finished (a host wait on gloo, a stream wait on NCCL).
 RING = 2
@@ -335,7 +337,10 @@ class Overlap:
                         else:
                             flat[off : off + n].view_as(p).copy_(p.grad)
                         off += n
-            work = self.dist.all_reduce(flat, op=self.op, group=self.group, async_op=True)
+            # Past the agreement every rank launches every bucket: the launch itself must
+            # not fail under the cap (_torch.cap_lifted).
+            with _torch.cap_lifted():
+                work = self.dist.all_reduce(flat, op=self.op, group=self.group, async_op=True)
             self.pending.append((k, work, frozenset((slot,)), flat))
         self.sent = 0
 
@@ -352,7 +357,8 @@ class Overlap:
                 part, slots = self.ring[b.key][:n], EVERY
             else:
                 part, slots = grad[self.sent : self.sent + n], NONE
-            work = self.dist.all_reduce(part, op=self.op, group=self.group, async_op=True)
+            with _torch.cap_lifted():
+                work = self.dist.all_reduce(part, op=self.op, group=self.group, async_op=True)
             self.pending.append((k, work, slots, part))
             self.sent += n
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import _args, _batch, _dist, _eval, _fsdp, _job, _levers, _native, _torch
+from . import _args, _batch, _dist, _eval, _fsdp, _internals, _job, _levers, _native, _torch
 from ._job import JobRank
 from ._signals import StopSignals
 
@@ -258,7 +258,7 @@ class Run(StopSignals, JobRank):
             )
         if self._oom_snapshot:
             # What memory_viz shows needs the allocations' history from here on.
-            torch.cuda.memory._record_memory_history(max_entries=100_000)
+            _internals.record_memory_history(True)
 
     def _start_controller(self, a) -> None:
         """An adaptive run's controller: its micro-batch range, from the memory the run
@@ -862,14 +862,11 @@ class Run(StopSignals, JobRank):
             return "no checkpoint was taken (pass on_checkpoint=fn to have one)"
         if self._job is not None:
             return "no checkpoint was taken (under torchrun a save is every rank's together)"
-        lifted = _native.lift_cap()
         try:
-            path = self._on_checkpoint(self._step)
+            with _torch.cap_lifted():
+                path = self._on_checkpoint(self._step)
         except Exception as e:
             return f"the checkpoint failed too: {type(e).__name__}: {e}"
-        finally:
-            if lifted:
-                _native.restore_cap()
         where = "" if path is None else f" at {os.fspath(path)}"
         if path is not None:
             self._native.checkpoint_saved(self._step, os.fspath(path))
@@ -910,7 +907,10 @@ class Run(StopSignals, JobRank):
             _fsdp.reset(self._solo_fsdp)
 
     def _grad_versions(self) -> list:
-        return [None if p.grad is None else (id(p.grad), p.grad._version) for p in self._params]
+        return [
+            None if p.grad is None else (id(p.grad), _internals.version(p.grad))
+            for p in self._params
+        ]
 
     def _grads_changed(self, versions: list) -> bool:
         return versions != self._grad_versions()
@@ -1077,7 +1077,7 @@ class Run(StopSignals, JobRank):
         base = Path(log).with_suffix("") if log else Path.cwd() / self.name
         path = f"{base}.oom-step{step}.pickle"
         try:
-            torch.cuda.memory._dump_snapshot(path)
+            _internals.dump_memory_snapshot(path)
         except Exception as e:  # a snapshot must never end the run it explains
             self.notice(f"step {step}: the out-of-memory snapshot failed: {e}", level="warn")
             return
@@ -1090,7 +1090,7 @@ class Run(StopSignals, JobRank):
     def _release(self) -> None:
         global _current
         if getattr(self, "_oom_snapshot", False):
-            torch.cuda.memory._record_memory_history(enabled=None)
+            _internals.record_memory_history(False)
         self._restore_signal_handlers()
         if self._job is not None:
             self._job.close()

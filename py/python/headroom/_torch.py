@@ -6,19 +6,28 @@ The Rust extension links no libtorch; it reaches the user's torch only through h
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 from typing import Any, Callable
 
 import torch
 
-from . import _native
+from . import _internals, _native
 
 # What the allocators say when an allocation fails. CUDA raises torch.OutOfMemoryError;
-# the CPU allocator raises a RuntimeError with one of these texts; oneDNN, under a hard
-# cap, fails to "create a primitive" without naming memory (only trusted under a cap).
+# the CPU allocator raises a RuntimeError with one of these texts.
 _OOM_TEXTS = ("out of memory", "not enough memory", "can't allocate memory")
-_CAPPED_OOM_TEXT = "could not create a primitive"
+# Under a hard cap (RLIMIT_DATA) memory runs out in places that do not name it, trusted
+# only there: oneDNN fails to "create a primitive"; a thread cannot start, since its
+# stack is a private writable mapping the cap counts (pthread_create's EAGAIN, which C++
+# raises as "Resource temporarily unavailable": the autograd engine's and gloo's
+# threads); C++'s operator new throws std::bad_alloc.
+_CAPPED_OOM_TEXTS = (
+    "could not create a primitive",
+    "resource temporarily unavailable",
+    "std::bad_alloc",
+)
 
 # Fault injection (tests, benchmarks): 2^52 bytes is beyond any machine, so asking the
 # allocator for it raises the allocator's own out-of-memory error.
@@ -37,7 +46,7 @@ def is_oom(exc: BaseException, capped: bool = False) -> bool:
     text = str(exc).lower()
     if any(t in text for t in _OOM_TEXTS):
         return True
-    return capped and _CAPPED_OOM_TEXT in text
+    return capped and any(t in text for t in _CAPPED_OOM_TEXTS)
 
 
 def provoke_oom(device: torch.device) -> None:
@@ -49,8 +58,7 @@ def provoke_oom(device: torch.device) -> None:
 def is_compiled(model: Any) -> bool:
     """Whether `model` is torch.compile's wrapper (`OptimizedModule`), outermost or
     under a DDP/FSDP-style `.module`."""
-    dynamo = getattr(torch, "_dynamo", None)
-    wrapper = getattr(getattr(dynamo, "eval_frame", None), "OptimizedModule", None)
+    wrapper = _internals.compiled_wrapper_type()
     if wrapper is None or model is None:
         return False
     return isinstance(model, wrapper) or isinstance(getattr(model, "module", None), wrapper)
@@ -60,7 +68,9 @@ def uncompiled(model: Any) -> Any:
     """The module torch.compile wrapped (`torch.compile(DDP(model))`, the way PyTorch
     documents compiling DDP: DDP's optimizer splits the graph at its buckets), else
     `model` itself."""
-    return model._orig_mod if is_compiled(model) and hasattr(model, "_orig_mod") else model
+    if is_compiled(model) and hasattr(model, "_orig_mod"):
+        return _internals.compiled_inner(model)
+    return model
 
 
 def resolve_device(device: Any, model: Any) -> torch.device:
@@ -179,10 +189,38 @@ def memory_parts(model: Any, optimizer: Any) -> tuple[int, int, int]:
 
 
 def start_thread_pools() -> None:
-    """Starts torch's CPU thread pool now, before a hard cap is set: each of its threads'
-    stacks is memory the cap counts, and a pool sized by the machine's cores, started
-    under the cap, would take the budget's room or fail to start."""
+    """Starts torch's threads now, before a hard cap is set: each thread's stack is
+    memory the cap counts, and a thread started under a full cap fails to start (EAGAIN),
+    which no smaller micro-batch can cure. The CPU's intra-op pool (sized by the
+    machine's cores), and the autograd engine's device threads, which its first backward
+    starts (8 of them, 8 MiB of stack each, on this CPU once torch.distributed is up)."""
     torch.ones(1 << 17).mul_(2.0)
+    torch.ones(1, requires_grad=True).sum().backward()
+
+
+_lifts = 0
+_lifted = False
+
+
+@contextlib.contextmanager
+def cap_lifted():
+    """The hard cap lifted for the block: a collective every rank has agreed to enter.
+    Once the others are inside it, this rank must enter it too, and the collective's own
+    allocations (gloo's all_gather_into_tensor allocates a temporary as large as its
+    output; its threads' stacks) must not fail under the cap, which stands for the
+    device's memory, where NCCL's buffers are its own. Nested blocks lift once; without a
+    cap this is two cheap calls."""
+    global _lifts, _lifted
+    if _lifts == 0:
+        _lifted = _native.lift_cap()
+    _lifts += 1
+    try:
+        yield
+    finally:
+        _lifts -= 1
+        if _lifts == 0 and _lifted:
+            _lifted = False
+            _native.restore_cap()
 
 
 def free_memory(d: torch.device) -> None:
@@ -339,7 +377,7 @@ class OptimizerSnapshot:
     def __init__(self, opt: torch.optim.Optimizer):
         self.opt = opt
         self.params = [p for g in opt.param_groups for p in g["params"]]
-        self.versions = [p._version for p in self.params]
+        self.versions = [_internals.version(p) for p in self.params]
         self.stateless = [p for p in self.params if not opt.state.get(p)]
         self.tensors = []
         self.scalars = []
@@ -349,14 +387,14 @@ class OptimizerSnapshot:
                     if v.numel() == 1:
                         self.scalars.append((v, v.detach().clone()))
                     else:
-                        self.tensors.append((v, v._version))
+                        self.tensors.append((v, _internals.version(v)))
 
     def restore(self) -> bool:
         """Undoes a failed step that changed nothing but scalars and new state; False
         when a parameter or a state tensor was changed in place."""
-        if any(p._version != v for p, v in zip(self.params, self.versions)):
+        if any(_internals.version(p) != v for p, v in zip(self.params, self.versions)):
             return False
-        if any(t._version != v for t, v in self.tensors):
+        if any(_internals.version(t) != v for t, v in self.tensors):
             return False
         with torch.no_grad():
             for t, v in self.scalars:
@@ -383,9 +421,7 @@ def scaler_update(scaler: Any, optimizer: torch.optim.Optimizer) -> tuple[float,
     was skipped for inf/NaN gradients (None when it was taken, or with no scaler)."""
     if scaler is None:
         return None
-    found_inf = scaler.is_enabled() and any(
-        v.item() for v in scaler._found_inf_per_device(optimizer).values()
-    )
+    found_inf = scaler.is_enabled() and _internals.scaler_found_inf(scaler, optimizer)
     before = scaler.get_scale()
     scaler.update()
     return (before, scaler.get_scale()) if found_inf else None
