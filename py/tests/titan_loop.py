@@ -35,6 +35,9 @@ from conftest import FailInBackward, die_with_parent, injection_plan, leave, say
 #   clip         the gradient clipping's local norms, before its collective
 #   optimizer    the optimizer's first state allocation (nothing changed yet)
 #   eval         the evaluation forward between steps
+#   cap-full     the cap full from the end of the step's first forward to the next
+#                micro-batch's (the first backward must start the autograd engine's
+#                threads: their stacks are memory the cap counts)
 #   all-gather, reduce-scatter
 #                the cap filled between a gate every rank passed and FSDP's collective
 #                behind it (the collective's own allocations then fail for real)
@@ -57,6 +60,12 @@ def main() -> int:
         default="",
         help="with --plain: a headroom rank's log; each step is cut into as many "
         "micro-batches as that run's (the same split, so the same float sums)",
+    )
+    ap.add_argument(
+        "--then-plain",
+        action="store_true",
+        help="after headroom's run, the plain loop with its split in the same job "
+        "(params-plain.pt): one job's start instead of two",
     )
     ap.add_argument(
         "--accumulation", default="", help="RANK:hold|reduce, that rank's sharded_accumulation"
@@ -93,16 +102,21 @@ def main() -> int:
         seq=args.seq,
         tied=args.tied,
     )
-    model = shard(
-        build(c),
-        parse_reshard(args.block_reshard),
-        parse_reshard(args.root_reshard),
-        param_dtype=torch.bfloat16 if args.bf16 else torch.float32,
-    )
-    # foreach=False: the same update whatever a rank's memory (the fused and foreach
-    # kernels group tensors differently).
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, foreach=False)
-    sched = cosine_schedule(opt, warmup=1, total=args.steps)
+
+    def fresh():
+        """The model, its optimizer and schedule, as every job starts them."""
+        model = shard(
+            build(c),
+            parse_reshard(args.block_reshard),
+            parse_reshard(args.root_reshard),
+            param_dtype=torch.bfloat16 if args.bf16 else torch.float32,
+        )
+        # foreach=False: the same update whatever a rank's memory (the fused and foreach
+        # kernels group tensors differently).
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1, foreach=False)
+        return model, opt, cosine_schedule(opt, warmup=1, total=args.steps)
+
+    model, opt, sched = fresh()
     gen = torch.Generator().manual_seed(0)
     batches = []
     for _ in range(args.steps):
@@ -176,20 +190,52 @@ def main() -> int:
 
     model.tok_embeddings.register_forward_hook(embed_out)
 
-    def clip() -> float:
+    def clip(model) -> float:
         if args.clip <= 0:
             return 0.0
         if armed("clip"):
             oom()
         return float(clip_grad_norm_(model.parameters(), args.clip))
 
-    def evaluate() -> float | None:
+    def evaluate(model) -> float | None:
         if not args.eval_every or state["step"] % args.eval_every:
             return None
         with torch.no_grad():
             if armed("eval"):
                 oom()
             return float(loss_of(model, (held, torch.roll(held, -1, dims=1))))
+
+    def plain(model, opt, sched, split_log: Path | None) -> tuple[list[float], list[float]]:
+        """The loop without headroom; with `split_log` (a headroom rank's log) each step
+        is cut into as many micro-batches as that run's, accumulated as FSDP2 does."""
+        norms, evals = [], []
+        counts = [1] * args.steps
+        hold = True
+        if split_log is not None:
+            lines = split_log.read_text().splitlines()
+            records = [json.loads(line) for line in lines if line.strip()]
+            counts = [r["accum_steps"] for r in records if r["kind"] == "step"]
+            hold = not any(
+                "reduce-scatters its gradients after every" in r.get("text", "") for r in records
+            )
+        for step, (x, y) in enumerate(batches, 1):
+            state["step"] = step
+            n, count = args.per_rank, counts[step - 1]
+            sizes = [n // count + (i < n % count) for i in range(count)]
+            start = rank * n
+            for i, size in enumerate(sizes):
+                model.set_requires_gradient_sync(i == count - 1 or not hold)
+                mb = (x[start : start + size], y[start : start + size])
+                (loss_of(model, mb) * (size / n)).backward()
+                start += size
+            norms.append(clip(model))
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            e = evaluate(model)
+            if e is not None:
+                evals.append(e)
+        return norms, evals
 
     def on_checkpoint(step):
         import torch.distributed.checkpoint as dcp
@@ -202,33 +248,9 @@ def main() -> int:
     evals: list[float] = []
     run = None
     if args.plain:
-        counts = [1] * args.steps
-        hold = True
-        if args.plain_split:
-            lines = Path(args.plain_split).read_text().splitlines()
-            records = [json.loads(line) for line in lines if line.strip()]
-            counts = [r["accum_steps"] for r in records if r["kind"] == "step"]
-            hold = not any(
-                "reduce-scatters its gradients after every" in r.get("text", "") for r in records
-            )
-        for step, (x, y) in enumerate(batches, 1):
-            state["step"] = step
-            lo, hi = rank * args.per_rank, (rank + 1) * args.per_rank
-            n, count = args.per_rank, counts[step - 1]
-            sizes = [n // count + (i < n % count) for i in range(count)]
-            start = lo
-            for i, size in enumerate(sizes):
-                model.set_requires_gradient_sync(i == count - 1 or not hold)
-                mb = (x[start : start + size], y[start : start + size])
-                (loss_of(model, mb) * (size / n)).backward()
-                start += size
-            norms.append(clip())
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
-            e = evaluate()
-            if e is not None:
-                evals.append(e)
+        norms, evals = plain(
+            model, opt, sched, Path(args.plain_split) if args.plain_split else None
+        )
     else:
         import headroom
         from headroom import _native
@@ -242,6 +264,15 @@ def main() -> int:
             # updates anything: the first one fails, nothing changed yet.
             torch.zeros_like = real_zeros_like
             oom()
+
+        full = contextlib.ExitStack()
+
+        def capped_loss(mb):
+            full.close()
+            loss = loss_of(model, mb)
+            if armed("cap-full"):
+                full.enter_context(cap_full())
+            return loss
 
         accumulation = "auto"
         if args.accumulation and int(args.accumulation.split(":")[0]) == rank:
@@ -258,7 +289,7 @@ def main() -> int:
             log=out / f"rank{rank}.jsonl",
             sharded_accumulation=accumulation,
         )
-        if run._job is not None and run._job.gates is not None:
+        if run._job is not None and getattr(run._job.gates, "enter", None) is not None:
             gates = run._job.gates
             real_enter = gates.enter
 
@@ -272,31 +303,44 @@ def main() -> int:
             for step, (x, y) in enumerate(batches, 1):
                 state["step"] = step
                 lo, hi = rank * args.per_rank, (rank + 1) * args.per_rank
-                run.backward((x[lo:hi], y[lo:hi]), lambda mb: loss_of(model, mb))
-                norms.append(clip())
+                run.backward((x[lo:hi], y[lo:hi]), capped_loss)
+                norms.append(clip(model))
                 if plan.get(step) == "optimizer" and step not in state["fired"]:
                     state["fired"].append(step)
                     torch.zeros_like = failing_zeros_like
+                full.close()
                 run.step(opt)
                 torch.zeros_like = real_zeros_like
                 sched.step()
-                e = evaluate()
+                e = evaluate(model)
                 if e is not None:
                     evals.append(e)
                 if run.should_stop:
                     break
-    full = {
-        n: p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone()
-        for n, p in model.named_parameters()
-    }
-    if rank == 0:
-        torch.save(full, out / "params.pt")
+
+    def save(model, name: str) -> None:
+        full = {
+            n: p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone()
+            for n, p in model.named_parameters()
+        }
+        if rank == 0:
+            torch.save(full, out / name)
+
+    save(model, "params.pt")
+    plain_norms = None
+    if args.then_plain and run is not None:
+        # A fresh model, optimizer and schedule, as the job started; no injection.
+        plan.clear()
+        model2, opt2, sched2 = fresh()
+        plain_norms, _ = plain(model2, opt2, sched2, out / f"rank{rank}.jsonl")
+        save(model2, "params-plain.pt")
     (out / f"done-rank{rank}.json").write_text(
         json.dumps(
             {
                 "steps": len(norms),
                 "fired": state["fired"],
                 "norms": norms,
+                "plain_norms": plain_norms,
                 "evals": evals,
                 "sharded": all(hasattr(p, "full_tensor") for p in model.parameters()),
                 "time": time.time(),

@@ -253,10 +253,10 @@ def dump_memory_snapshot(path: str) -> None:
 # ---- the probe -------------------------------------------------------------------------
 
 
-def probe(model: Any = None) -> dict[str, str | None]:
-    """Each capability and why this torch lacks it (None: present), for `model` where
-    one is given (FSDP2's needs are read off its root). What a Run's start checks, and
-    what docs/PYTHON.md lists."""
+def probe(fsdp_root: Any = None) -> dict[str, str | None]:
+    """Each capability and why this torch lacks it (None: present); FSDP2's needs are
+    read off a sharded root where one is given. What docs/PYTHON.md lists; a Run's start
+    checks the FSDP2 capability of the model it is given (_fsdp.check)."""
     found: dict[str, str | None] = {}
     found["tensor version counters"] = (
         None if hasattr(torch.ones(1), "_version") else "Tensor._version is missing"
@@ -271,10 +271,6 @@ def probe(model: Any = None) -> dict[str, str | None]:
         if scaler is not None and hasattr(scaler, "_found_inf_per_device")
         else "GradScaler._found_inf_per_device is missing"
     )
-    if model is not None:
-        from . import _fsdp
-
-        root = _fsdp.outermost(model)
-        if root is not None:
-            found["FSDP2 after an out-of-memory error"] = fsdp_missing(root)
+    if fsdp_root is not None:
+        found["FSDP2 after an out-of-memory error"] = fsdp_missing(fsdp_root)
     return found

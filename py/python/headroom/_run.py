@@ -152,6 +152,10 @@ class Run(StopSignals, JobRank):
         if joined and a.effective_batch is not None:
             _dist.refuse_unsupported(a.model, world)
             _dist.overlap_asked()
+        elif a.effective_batch is not None:
+            # Before anything is set up: a torch whose FSDP2 headroom cannot put back
+            # after an out-of-memory error is refused here, not at the first one.
+            self._check_solo_fsdp(a.model)
         budget = a.memory_budget
         if budget is not None and cuda and budget.strip().lower() != "auto":
             _torch.cap_cuda(self.device, _native.parse_bytes(budget))
@@ -891,16 +895,17 @@ class Run(StopSignals, JobRank):
         learns the wrong thing. None otherwise."""
         if not self._adaptive or self._job is not None or model is None:
             return None
-        root = _fsdp.outermost(model)
-        if root is None:
-            return None
-        why = _fsdp.check(root)
+        return _fsdp.outermost(model)
+
+    @staticmethod
+    def _check_solo_fsdp(model: Any) -> None:
+        root = _fsdp.outermost(model) if model is not None else None
+        why = None if root is None else _fsdp.check(root)
         if why is not None:
             raise RunError(
                 f"adaptive mode with FSDP2: {why}; watch the run with run.report(loss) "
                 "(create the Run without effective_batch=)"
             )
-        return root
 
     def _reset_solo_fsdp(self) -> None:
         if self._solo_fsdp is not None:
