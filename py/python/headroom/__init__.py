@@ -21,14 +21,14 @@ __version__ = VERSION
 # headroom/_cli.py) imports this package and must start without paying for torch (nor
 # for `typing`, a tenth of an idle start).
 _LAZY = {
-    "BatchError": "._batch",
-    "LossError": "._run",
-    "OptimizerStepFailed": "._run",
-    "OutOfMemory": "._run",
+    "BatchError": "._errors",
+    "LossError": "._errors",
+    "OptimizerStepFailed": "._errors",
+    "OutOfMemory": "._errors",
     "Plan": "._plan",
-    "RankFailed": "._dist",
+    "RankFailed": "._errors",
     "Run": "._run",
-    "RunError": "._run",
+    "RunError": "._errors",
     "plan": "._plan",
 }
 

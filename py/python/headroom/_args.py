@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from ._errors import LossError, RunError
+
 
 def _got(v: Any) -> str:
     """What was given, as an error says it: the value and, where it is not obvious, its
@@ -266,7 +268,7 @@ def run_arguments(given: dict[str, Any]) -> SimpleNamespace:
     )
     levers = (a.precision, a.checkpoint_blocks, a.checkpointing)
     if a.effective_batch is None and any(x is not None for x in levers):
-        raise _run_error(
+        raise RunError(
             "precision=, checkpoint_blocks= and checkpointing= are levers the run switches "
             "in its run.backward: they need an adaptive run (effective_batch=N)"
         )
@@ -357,24 +359,12 @@ def blocks(v: Any) -> list | None:
     return found
 
 
-def _run_error(text: str) -> Exception:
-    from ._run import RunError  # _run imports this module
-
-    return RunError(text)
-
-
-def _loss_error(text: str) -> Exception:
-    from ._run import LossError  # _run imports this module
-
-    return LossError(text)
-
-
 def loss_value(x: Any, what: str) -> float:
     """A loss as a float: a number or a one-element tensor. A string is refused even
     when it reads as a number ("nan", "0.5"): a loop that hands one is mistaken."""
     if isinstance(x, torch.Tensor):
         if x.numel() != 1:
-            raise _loss_error(
+            raise LossError(
                 f"{what} is a tensor of shape {tuple(x.shape)}; give a scalar (e.g. the "
                 "loss's .mean())"
             )
@@ -386,7 +376,7 @@ def loss_value(x: Any, what: str) -> float:
             return float(x)
         except (TypeError, ValueError):
             pass
-    raise _loss_error(
+    raise LossError(
         f"{what} is {_got(x)}; give a number (a float) or a one-element tensor"
     ) from None
 
@@ -394,17 +384,17 @@ def loss_value(x: Any, what: str) -> float:
 def micro_batch_loss(loss: Any, step: int, start: int, end: int) -> None:
     """What loss_fn returned for samples [start, end): a scalar tensor with its graph."""
     if not isinstance(loss, torch.Tensor):
-        raise _loss_error(
+        raise LossError(
             f"step {step}: loss_fn returned {type(loss).__name__} for samples [{start}, {end}); "
             "return the micro-batch's loss as a scalar tensor (with its graph, not .item())"
         )
     if loss.numel() != 1:
-        raise _loss_error(
+        raise LossError(
             f"step {step}: loss_fn returned a tensor of shape {tuple(loss.shape)} for samples "
             f"[{start}, {end}); return a scalar (e.g. reduce it with .mean())"
         )
     if not loss.requires_grad:
-        raise _loss_error(
+        raise LossError(
             f"step {step}: the loss of samples [{start}, {end}) does not require grad (was it "
             "computed under torch.no_grad(), or detached?); return the loss with its graph"
         )

@@ -9,11 +9,10 @@ import torch
 
 from . import _internals
 
+# headroom._batch.BatchError stays importable (it was defined here before _errors).
+from ._errors import BatchError
+
 Split = Callable[[Any, int, int], Any]
-
-
-class BatchError(ValueError):
-    """A batch headroom cannot cut into micro-batches."""
 
 
 def _leaves(batch: Any, path: str):

@@ -41,6 +41,9 @@ import torch
 
 from . import _fsdp, _internals, _overlap, _torch
 
+# headroom._dist.RankFailed stays importable (it was defined here before _errors).
+from ._errors import RankFailed, RunError
+
 # One record per rank, float64, in this order.
 FIELDS = (
     "status",  # OK, FAILED or ABANDON
@@ -102,10 +105,6 @@ class Abandon(Exception):
         self.agreed = agreed
 
 
-class RankFailed(RuntimeError):
-    """Another rank of the job failed; this one ends too (the message says which)."""
-
-
 def _ranks_text(ranks: list[int], bare: bool = False) -> str:
     if not ranks:
         return " another rank" if bare else ""
@@ -128,8 +127,6 @@ def _is_ddp(model: Any) -> bool:
 def refuse_unsupported(model: Any, world: int) -> None:
     """Adaptive mode under a process group is built for DDP and FSDP2: say what else
     gets."""
-    from ._run import RunError
-
     # torch.compile of the wrapped model: what it wraps decides.
     model = _torch.uncompiled(model)
     if _fsdp.is_fsdp2(model):
@@ -179,8 +176,6 @@ def deepspeed_refusal(where: str) -> str:
 
 def refuse_process_group() -> None:
     """run.backward() in a run that joined no job, under a process group of many ranks."""
-    from ._run import RunError
-
     world = world_size()
     if world > 1:
         raise RunError(
@@ -207,8 +202,6 @@ OVERLAP_ENV = "HEADROOM_DDP_OVERLAP"
 def overlap_asked() -> str:
     """HEADROOM_DDP_OVERLAP: on, off or auto (unset). Checked as a Run starts, before
     anything is set up."""
-    from ._run import RunError
-
     asked = os.environ.get(OVERLAP_ENV, "auto").strip().lower() or "auto"
     if asked not in ("on", "off", "auto"):
         raise RunError(

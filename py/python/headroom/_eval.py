@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch
 
 from . import _batch, _torch
+from ._errors import BatchError, OutOfMemory
 
 
 class Plain:
@@ -67,7 +68,7 @@ def run_batch(
     seq = seq_len or (_batch.seq_len_of(batch) if cut is None else 1)
     cut = cut or _batch.take
     if n < 1:
-        raise _batch.BatchError("the evaluation batch holds no samples")
+        raise BatchError("the evaluation batch holds no samples")
     size = sizer.eval_size(n, seq)
     parts: list[tuple[int, Any]] = []
     start = 0
@@ -97,8 +98,6 @@ def run_batch(
             after_oom()
         _torch.free_memory(device)
         if retry is None:
-            from ._run import OutOfMemory  # _run imports this module
-
             raise OutOfMemory(
                 f"evaluation ran out of memory at one sample ({seq} tokens): {failed}. "
                 "Give the run more memory or make a sample smaller"

@@ -10,6 +10,7 @@ import math
 import torch
 
 from . import _args, _dist, _fsdp, _torch
+from ._errors import OutOfMemory, RankFailed
 from ._signals import dropped
 
 # run.backward's answer to run.step when a torchrun job gave the step up (a stop).
@@ -123,7 +124,7 @@ class JobRank:
     def _job_fail(self, step: int, error: BaseException) -> None:
         """This rank cannot finish the step: the others learn why at the agreement,
         instead of waiting there for it."""
-        if isinstance(error, (_dist.RankFailed, _fsdp.CollectiveFailed)):
+        if isinstance(error, (RankFailed, _fsdp.CollectiveFailed)):
             # The others know already, or are inside a collective and cannot be told.
             return
         text = f"{type(error).__name__}: {error}".strip()
@@ -137,7 +138,7 @@ class JobRank:
         if a.failed:
             self._clear_grads()
             rank, text = next(iter(a.failed.items()))
-            raise _dist.RankFailed(
+            raise RankFailed(
                 f"step {step}: rank {rank} of the job failed ({text}); rank {self._job.rank} "
                 "ends too"
             )
@@ -229,7 +230,7 @@ class JobRank:
         if v.failed:
             self._clear_grads()
             self._job_agreed(step, job.agree(step, _dist.OK))
-            raise _dist.RankFailed(
+            raise RankFailed(
                 f"step {step}: another rank of the job failed; rank {job.rank} ends too"
             )
         if v.twice:
@@ -281,8 +282,6 @@ class JobRank:
         from the first at the new count. Returns the weighted loss, the micro-batch and
         the memory predicted for it; a rank's failure is raised on it (and said to the
         others at the agreement)."""
-        from ._run import OutOfMemory
-
         job = self._job
         gates = job.gates
         model = job.fsdp
@@ -291,7 +290,7 @@ class JobRank:
             if count == 0:
                 # A rank gave up (one sample does not fit it): the agreement says which.
                 self._job_agreed(step, job.agree(step, _dist.OK))
-                raise _dist.RankFailed(
+                raise RankFailed(
                     f"step {step}: another rank of the job gave up; rank {job.rank} ends too"
                 )
             sizes = [n // count + (i < n % count) for i in range(count)]

@@ -19,27 +19,14 @@ from typing import Any, Callable
 import torch
 
 from . import _args, _batch, _dist, _eval, _fsdp, _internals, _job, _levers, _native, _torch
+
+# headroom._run.RunError, .OutOfMemory, .OptimizerStepFailed and .LossError stay importable
+# (they were defined here before _errors).
+from ._errors import BatchError, LossError, OptimizerStepFailed, OutOfMemory, RunError
 from ._job import JobRank
 from ._signals import StopSignals
 
 LossFn = Callable[[Any], torch.Tensor]
-
-
-class RunError(RuntimeError):
-    """headroom was used in a way it cannot honour (the message says how to fix it)."""
-
-
-class OutOfMemory(RuntimeError):
-    """A step ran out of memory even at the smallest micro-batch."""
-
-
-class OptimizerStepFailed(RuntimeError):
-    """An out-of-memory error inside optimizer.step() after it had changed parameters or
-    optimizer state, which cannot be undone: the parameters are not those of any step."""
-
-
-class LossError(ValueError):
-    """A loss function returned something that is not a finite scalar."""
 
 
 _current: Run | None = None
@@ -562,7 +549,7 @@ class Run(StopSignals, JobRank):
             n = samples
             cut = split
         if n < 1:
-            raise _batch.BatchError("the batch holds no samples")
+            raise BatchError("the batch holds no samples")
         self._say_batch_size(self._step + 1, n)
         seq = seq_len or (_batch.seq_len_of(batch) if split is None else 1)
         step = self._step + 1

@@ -34,7 +34,8 @@ import numpy as np  # transformers needs it
 from accelerate.utils import DistributedType
 
 from . import _args, _batch, _dist, _eval, _torch
-from ._run import Run, RunError, _default_name
+from ._errors import RunError
+from ._run import Run, _default_name
 
 __all__ = ["Watch", "adapt"]
 

@@ -35,7 +35,8 @@ except ImportError:  # pragma: no cover - depends on the environment
         ) from e
 
 from . import _args, _batch, _eval, _fsdp
-from ._run import Run, RunError
+from ._errors import BatchError, RunError
+from ._run import Run
 
 try:
     from lightning.pytorch.utilities.model_helpers import is_overridden
@@ -112,7 +113,7 @@ class Watch(pl.Callback):
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         try:
             samples, seq_len = _batch.size_of(batch), _batch.seq_len_of(batch)
-        except _batch.BatchError:
+        except BatchError:
             samples, seq_len = None, 1
         lr = None
         if trainer.optimizers and trainer.optimizers[0].param_groups:
