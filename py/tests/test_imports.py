@@ -1,6 +1,7 @@
 """The package's shape, read from its source with `ast`: its modules import one another
 without a circle (a module that needs another's name imports it at the top, not inside a
-function to dodge the circle)."""
+function to dodge the circle), and the framework layers use a Run through its public
+methods and properties only."""
 
 from __future__ import annotations
 
@@ -73,6 +74,69 @@ def test_no_import_circle_in_the_package():
     assert {"_args", "_dist", "_job", "_signals"} <= graph["_run"], graph
     cycle = _cycle(graph)
     assert cycle is None, "an import circle in headroom: " + " -> ".join(cycle)
+
+
+def _holds_run(e: ast.expr, names: set[str], attrs: set[str]) -> bool:
+    """Whether `e` is a Run, as far as a reading can tell: ``Run(...)``,
+    ``x._make_run(...)``, a name or an attribute a Run was assigned to, or a conditional
+    of them."""
+    if isinstance(e, ast.Call):
+        f = e.func
+        return (isinstance(f, ast.Name) and f.id == "Run") or (
+            isinstance(f, ast.Attribute) and f.attr == "_make_run"
+        )
+    if isinstance(e, ast.Name):
+        return e.id in names
+    if isinstance(e, ast.Attribute):
+        return e.attr in attrs
+    if isinstance(e, ast.IfExp):
+        return _holds_run(e.body, names, attrs) or _holds_run(e.orelse, names, attrs)
+    return False
+
+
+def _private_reads_of_a_run(tree: ast.Module) -> tuple[list[str], set[str]]:
+    """Each ``<a Run>._name`` in `tree` (as line: text), and the names and attributes
+    found holding a Run (every assignment of one, followed until nothing changes)."""
+    names: set[str] = set()
+    attrs: set[str] = set()
+    assigns: list[tuple[ast.expr, ast.expr | None, bool]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            assigns += [(t, node.value, False) for t in node.targets]
+        elif isinstance(node, ast.AnnAssign):
+            # `self.headroom: Run | None = None` holds a Run by its annotation.
+            typed = "Run" in {n.id for n in ast.walk(node.annotation) if isinstance(n, ast.Name)}
+            assigns.append((node.target, node.value, typed))
+    while True:
+        before = len(names) + len(attrs)
+        for target, value, typed in assigns:
+            if typed or (value is not None and _holds_run(value, names, attrs)):
+                if isinstance(target, ast.Name):
+                    names.add(target.id)
+                elif isinstance(target, ast.Attribute):
+                    attrs.add(target.attr)
+        if len(names) + len(attrs) == before:
+            break
+    reads = [
+        f"{node.lineno}: {ast.unparse(node)}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr.startswith("_")
+        and _holds_run(node.value, names, attrs)
+    ]
+    return reads, names | {f".{a}" for a in attrs}
+
+
+def test_the_framework_layers_read_no_private_attribute_of_a_run():
+    """headroom.hf and headroom.lightning use the run's public calls and the few made for
+    them (`Run.in_step`, `begin_evaluation`, `end_evaluation`, `evaluate_chunked`): a
+    change inside the Run cannot break them unseen."""
+    for module in ("hf", "lightning"):
+        tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+        reads, holders = _private_reads_of_a_run(tree)
+        # The reading finds the runs (a test that finds none finds no private read).
+        assert {"run", ".run"} <= holders, (module, holders)
+        assert not reads, f"headroom/{module}.py reads a Run's private attributes: {reads}"
 
 
 def test_each_error_is_one_class_wherever_it_is_imported_from():

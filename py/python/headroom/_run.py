@@ -2,7 +2,15 @@
 
 The class is made of three parts: this module (the loop's calls, the adaptive step, the
 step boundary), `_signals` (the signals that would end the process) and `_job` (a rank
-of a torchrun job)."""
+of a torchrun job).
+
+`headroom.hf` and `headroom.lightning` drive a run from a framework's hooks and read no
+private attribute of it (py/tests/test_imports.py holds them to that): what they need
+beyond a loop's calls is four members of the class, public and documented, in a section
+of their own (`in_step`, `begin_evaluation`, `end_evaluation`, `evaluate_chunked`). On
+the run itself rather than grouped on an object (`run.frontend`): four are too few for
+one, and a hand-written loop whose evaluation pass begins and ends in different places
+may use them as well."""
 
 from __future__ import annotations
 
@@ -514,7 +522,7 @@ class Run(StopSignals, JobRank):
             )
         if self._native.ended:
             raise RunError("this run has ended; create a new headroom.Run")
-        self._end_evaluation()
+        self._end_open_evaluation()
         if self._accumulated is not None:
             raise RunError(
                 "run.backward() was called twice without run.step(optimizer) between: the "
@@ -974,23 +982,9 @@ class Run(StopSignals, JobRank):
         if split is not None and samples is None:
             samples = _batch.samples_of(batch)
         with contextlib.nullcontext() if grad else torch.no_grad():
-            try:
-                return _eval.run_batch(
-                    self._native,
-                    self._meter,
-                    self.device,
-                    batch,
-                    fn,
-                    capped=self._hard_limit,
-                    combine=combine,
-                    cut=split,
-                    samples=samples,
-                    seq_len=seq_len,
-                    after_oom=self._reset_solo_fsdp,
-                )
-            finally:
-                # The next step's peak starts from here, not from the last chunk's.
-                self._meter.reset()
+            return self.evaluate_chunked(
+                batch, fn, combine=combine, cut=split, samples=samples, seq_len=seq_len
+            )
 
     @contextlib.contextmanager
     def evaluation(self, phase: str = "eval"):
@@ -999,18 +993,72 @@ class Run(StopSignals, JobRank):
         block ends."""
         if not isinstance(phase, str) or not phase:
             raise ValueError(f"run.evaluation(phase={phase!r}): give a name, e.g. 'validation'")
-        self._native.eval_begin(phase)
+        self.begin_evaluation(phase)
         try:
             yield self
         finally:
-            if not self._native.ended:
-                self._native.eval_end()
+            self.end_evaluation()
 
-    def _end_evaluation(self) -> None:
+    def _end_open_evaluation(self) -> None:
         """A training step begins: an evaluation pass still open (run.evaluate calls without
         run.evaluation's block) ends here."""
         if self._native.evaluating:
             self._native.eval_end()
+
+    # ---- what the framework layers use (the module's doc says why these) ---------------
+
+    @property
+    def in_step(self) -> bool:
+        """True from :meth:`backward` until the :meth:`step` that ends its step (a step a
+        torchrun job gave up included: run.step still ends it)."""
+        return self._accumulated is not None
+
+    def begin_evaluation(self, phase: str) -> None:
+        """Opens an evaluation pass named `phase`: :meth:`evaluation`'s block for a loop
+        whose pass begins and ends in separate hooks (Lightning's ``on_validation_start``
+        and ``on_validation_end``). :meth:`end_evaluation` closes it."""
+        self._native.eval_begin(phase)
+
+    def end_evaluation(self) -> None:
+        """Closes the pass :meth:`begin_evaluation` opened: its ``eval_memory`` record is
+        written. Nothing once the run has ended."""
+        if not self._native.ended:
+            self._native.eval_end()
+
+    def evaluate_chunked(
+        self,
+        batch: Any,
+        fn: Callable[[Any], Any],
+        *,
+        combine: Any = None,
+        cut: Callable[[Any, int, int], Any] | None = None,
+        samples: int | None = None,
+        seq_len: int | None = None,
+        on_chunk: Callable[[Any, Callable[[Any], Any]], Any] | None = None,
+    ) -> Any:
+        """`fn` over an evaluation batch in chunks the controller sizes, with the run's
+        meter, hard cap and FSDP2 reset (`_eval.run_batch`): what :meth:`evaluate` runs
+        once it checked its arguments and set the grad mode, for a framework layer whose
+        own loop does both (headroom.lightning). `on_chunk(chunk, fn)` makes each call in
+        its place; `cut` is :meth:`evaluate`'s `split`."""
+        try:
+            return _eval.run_batch(
+                self._native,
+                self._meter,
+                self.device,
+                batch,
+                fn,
+                capped=self._hard_limit,
+                combine=combine,
+                cut=cut,
+                samples=samples,
+                seq_len=seq_len,
+                on_chunk=on_chunk,
+                after_oom=self._reset_solo_fsdp,
+            )
+        finally:
+            # The next step's peak starts from here, not from the last chunk's.
+            self._meter.reset()
 
     def state_dict(self) -> dict:
         """What a checkpoint needs to continue this run as if it had never stopped: the

@@ -274,7 +274,7 @@ class _Adaptive(Watch):
         step (the Trainer's own accumulation), or once the Trainer stepped (so its peak
         holds the optimizer's update)."""
         run = self.run
-        if run is not None and run._accumulated is not None:
+        if run is not None and run.in_step:
             run.step(_SteppedByFramework(self._lr, self._optimizer), zero_grad=False)
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -449,7 +449,7 @@ def _chunk_evaluation(trainer: transformers.Trainer, cb: _Adaptive) -> None:
         @functools.wraps(call)
         def wrapped(*args, **kwargs):
             before = cb.run
-            if before is not None and not before._native.ended:
+            if before is not None and not before.ended:
                 cb.end_step()
                 return call(*args, **kwargs)
             cb.run = cb._make_run(
@@ -475,14 +475,14 @@ def _chunk_evaluation(trainer: transformers.Trainer, cb: _Adaptive) -> None:
         prefix = kwargs.get("metric_key_prefix", args[2] if len(args) > 2 else "eval")
         phase = "predict" if str(description).lower().startswith("predict") else str(prefix)
         run = cb.run
-        if run is None or run._native.ended:
+        if run is None or run.ended:
             return loop(dataloader, description, *args, **kwargs)
         with run.evaluation(phase):
             return loop(dataloader, description, *args, **kwargs)
 
     def prediction_step(model, inputs, prediction_loss_only, ignore_keys=None, **kwargs):
         run = cb.run
-        if run is None or run._native.ended:
+        if run is None or run.ended:
             return step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **kwargs)
 
         def one(chunk):

@@ -244,7 +244,7 @@ class Adaptive(Watch):
 
         @functools.wraps(step)
         def chunked(batch, *args, **kwargs):
-            run = self.run if self.run is not None and not self.run._native.ended else None
+            run = self.run if self.run is not None and not self.run.ended else None
             results = getattr(trainer, "_results", None)
 
             def call(chunk, fn):
@@ -252,33 +252,29 @@ class Adaptive(Watch):
                     results.batch, results.batch_size = chunk, None
                 return fn(chunk)
 
+            def one(chunk):
+                return step(chunk, *args, **kwargs)
+
             try:
+                if run is not None:
+                    return run.evaluate_chunked(batch, one, on_chunk=call)
                 return _eval.run_batch(
-                    run._native if run is not None else self._plain,
-                    run._meter if run is not None else None,
-                    run.device if run is not None else pl_module.device,
-                    batch,
-                    lambda chunk: step(chunk, *args, **kwargs),
-                    capped=bool(run is not None and run._hard_limit),
-                    on_chunk=call,
-                    after_oom=run._reset_solo_fsdp if run is not None else None,
+                    self._plain, None, pl_module.device, batch, one, on_chunk=call
                 )
             finally:
                 if results is not None:
                     results.batch, results.batch_size = batch, None
-                if run is not None:
-                    run._meter.reset()
 
         chunked._headroom = True
         return chunked
 
     def _eval_begin(self, trainer, phase: str) -> None:
-        if self.run is not None and not self.run._native.ended and not trainer.sanity_checking:
-            self.run._native.eval_begin(phase)
+        if self.run is not None and not self.run.ended and not trainer.sanity_checking:
+            self.run.begin_evaluation(phase)
 
     def _eval_end(self) -> None:
-        if self.run is not None and not self.run._native.ended:
-            self.run._native.eval_end()
+        if self.run is not None:
+            self.run.end_evaluation()
 
     def on_validation_start(self, trainer, pl_module):
         self._eval_begin(trainer, "validation")
