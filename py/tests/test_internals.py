@@ -89,6 +89,30 @@ def test_a_torch_lacking_what_fsdp2_recovery_needs_is_refused_as_the_run_starts(
     assert "2.11 to 2.15" in said and "run.report(loss)" in said, said
 
 
+def test_a_ddp_model_with_a_communication_hook_is_refused_naming_it(tmp_path):
+    """headroom all-reduces a step's gradients itself, under no_sync(): a hook the user
+    registered on DDP (fp16 compression, PowerSGD) would never run, and the job would
+    learn from other gradients than the user's plain DDP does. Refused at the start."""
+    p = run_python(
+        """
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        from headroom import _dist, RunError
+        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+        _dist.refuse_unsupported(ddp, 2)  # no hook: accepted
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        try:
+            _dist.refuse_unsupported(ddp, 2)
+        except RunError as e:
+            print(e)
+        else:
+            raise SystemExit("not refused")
+        """,
+        tmp_path,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "fp16_compress_hook" in p.stdout and "run.report(loss)" in p.stdout, p.stdout
+
+
 def test_under_a_hard_cap_a_thread_that_cannot_start_is_an_out_of_memory_error():
     """pthread_create's EAGAIN (a thread's stack is memory RLIMIT_DATA counts), C++'s
     bad_alloc and oneDNN's failed primitive do not name memory: trusted only under the

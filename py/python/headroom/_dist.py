@@ -157,6 +157,15 @@ def refuse_unsupported(model: Any, world: int) -> None:
             "process group) or sharded with FSDP2's fully_shard (headroom gates its "
             f"collectives); got {type(model).__name__}"
         )
+    hooks = _internals.ddp_comm_hooks(model)
+    if hooks:
+        raise RunError(
+            f"adaptive mode under a process group of {world} ranks with a DDP communication "
+            f"hook ({', '.join(hooks)}): headroom runs every micro-batch under no_sync() and "
+            "all-reduces the step's averaged gradients itself, so the hook would never run "
+            "and the gradients would not be the ones it makes (compressed, PowerSGD's). "
+            "Register no hook to train adaptively, or watch the run with run.report(loss)"
+        )
 
 
 def deepspeed_refusal(where: str) -> str:

@@ -187,6 +187,13 @@ def ddp_forward_sync_off(ddp: Any) -> None:
     ddp.require_forward_param_sync = False
 
 
+def ddp_comm_hooks(ddp: Any) -> list[str]:
+    """The communication hooks registered on DDP (``register_comm_hook``), by name: DDP
+    keeps them in a private list."""
+    hooks = getattr(ddp, "_comm_hooks", None) or []
+    return [getattr(h, "__qualname__", None) or repr(h) for h, _ in hooks]
+
+
 def ddp_buffers(ddp: Any) -> list[torch.Tensor]:
     """The buffers DDP broadcasts from rank 0 (its own list when it keeps one)."""
     return list(getattr(ddp, "modules_buffers", None) or ddp.module.buffers())
