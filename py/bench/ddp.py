@@ -94,29 +94,29 @@ def main() -> int:
         adaptive=False,
     )
     # What the run chose by default (HEADROOM_DDP_OVERLAP=auto): the modes below set it.
-    default = "headroom (overlapped)" if run._job.overlap is not None else "serial"
+    default = "headroom (overlapped)" if run._rank.job.overlap is not None else "serial"
     reduce_us: list[float] = []
-    real_reduce = run._job.reduce
+    real_reduce = run._rank.job.reduce
 
     def timed_reduce(step, agree):
         t = time.perf_counter()
         real_reduce(step, agree)
         reduce_us.append((time.perf_counter() - t) * 1e6)
 
-    run._job.reduce = timed_reduce
+    run._rank.job.reduce = timed_reduce
 
     early: list[int] = []
     layout = {"buckets": 0}
 
     def headroom_step():
-        run._job.set_overlap(True)
+        run._rank.job.set_overlap(True)
         run.backward(next(feed), loss_fn)
-        early.append(run._job.overlap.launched_in_backward)
-        layout["buckets"] = len(run._job.overlap.buckets)
+        early.append(run._rank.job.overlap.launched_in_backward)
+        layout["buckets"] = len(run._rank.job.overlap.buckets)
         run.step(opt)
 
     def serial_step():
-        run._job.set_overlap(False)
+        run._rank.job.set_overlap(False)
         run.backward(next(feed), loss_fn)
         run.step(opt)
 
@@ -140,7 +140,7 @@ def main() -> int:
             medians[m] = statistics.median(per)
         for m in ratios:
             ratios[m].append(medians[m] / medians["plain"])
-    job = run._job
+    job = run._rank.job
     agree_seen = job.agree_us_total / max(1, job.agreements)
     # The agreement's own cost: the same all-gather in a tight loop (every rank in step).
     rec = job.record(_dist.OK, [])

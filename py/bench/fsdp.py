@@ -98,7 +98,7 @@ def main() -> int:
         micro_batch=args.micro,
         max_micro_batch=args.micro,
     )
-    gates = run._job.gates
+    gates = run._rank.gates
 
     def headroom_step():
         run.backward(next(feed), lambda mb: loss_of(gated_model, mb))

@@ -201,7 +201,7 @@ def main() -> int:
                 break
             state.update(step=step, done=0)
             if step == args.reduce_after_from:
-                run._job.set_overlap(False)
+                run._rank.job.set_overlap(False)
             lo, hi = rank * args.per_rank, (rank + 1) * args.per_rank
             run.backward((x[lo:hi], y[lo:hi]), loss_fn)
             if plan.get(step) == "optimizer-state":
@@ -211,7 +211,7 @@ def main() -> int:
             torch.zeros_like = real_zeros_like
             time.sleep(args.step_sleep)
         steps_done = run.step_count
-        overlap = getattr(run._job, "overlap", None)
+        overlap = getattr(run._rank.job, "overlap", None)
         early = overlap.early_total if overlap is not None else 0
         # The buckets as laid out now, and as first guessed (reverse registration).
         layouts = {}

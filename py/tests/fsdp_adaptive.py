@@ -164,7 +164,7 @@ def main() -> int:
             time.sleep(args.step_sleep)
         steps_done = run.step_count
         # At world size 1 the run joins no job: no gates (FSDP2's collectives are local).
-        gates = run._job.gates if run._job is not None else _fsdp.Gates(None, None)
+        gates = getattr(run._rank, "gates", None) or _fsdp.Gates(None, None)
     # A unit left half run by an out-of-memory error keeps plain unsharded parameters.
     sharded = all(hasattr(p, "full_tensor") for p in root.parameters())
     full = {

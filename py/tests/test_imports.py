@@ -152,3 +152,32 @@ def test_each_error_is_one_class_wherever_it_is_imported_from():
     ):
         for name in names:
             assert getattr(where, name) is getattr(_errors, name) is getattr(headroom, name)
+
+
+def test_the_run_never_asks_its_rank_which_it_is():
+    """`headroom.Run` holds one rank (one process, a watched job rank, DDP, FSDP2) and
+    calls what every rank has: no isinstance of a rank class, no reach into a rank's job
+    or gates, outside the one factory that makes the rank (`_make_rank`)."""
+    tree = ast.parse((PACKAGE / "_run.py").read_text())
+    ranks = {"Rank", "SoloRank", "JobRank", "ReplicatedRank", "ShardedRank"}
+    asked = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef) or fn.name == "_make_rank":
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "isinstance":
+                names = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)}
+                names |= {n.attr for n in ast.walk(node.args[1]) if isinstance(n, ast.Attribute)}
+                if names & ranks:
+                    asked.append(f"{fn.name}:{node.lineno} isinstance")
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "_rank"
+                and node.attr in ("job", "gates", "fsdp", "hold")
+            ):
+                asked.append(f"{fn.name}:{node.lineno} _rank.{node.attr}")
+            if isinstance(node, ast.Attribute) and node.attr in ("_job", "_solo_fsdp"):
+                # The old shape: the run held the job and branched on it.
+                asked.append(f"{fn.name}:{node.lineno} .{node.attr}")
+    assert not asked, asked

@@ -289,8 +289,8 @@ def main() -> int:
             log=out / f"rank{rank}.jsonl",
             sharded_accumulation=accumulation,
         )
-        if run._job is not None and getattr(run._job.gates, "enter", None) is not None:
-            gates = run._job.gates
+        if getattr(getattr(run._rank, "gates", None), "enter", None) is not None:
+            gates = run._rank.gates
             real_enter = gates.enter
 
             def enter(what, *a, **k):

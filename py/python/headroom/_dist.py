@@ -275,11 +275,16 @@ class Agreement:
 class Job:
     """One rank's side of the job: the agreement, the gradient reduction, the rows."""
 
-    def __init__(self, run, model: Any, params: list[torch.nn.Parameter], job_id: str):
+    def __init__(self, s, model: Any, job_id: str, take_commands, ddp_reduction: bool):
+        """`s`: the run's state (_state.RunState); `take_commands(wait_s)`: a viewer's
+        commands for the next agreement; `ddp_reduction`: whether headroom all-reduces a
+        DDP model's gradients (an adaptive DDP rank)."""
         import torch.distributed as dist
 
         self.dist = dist
-        self.run = run
+        self.s = s
+        self.take_commands = take_commands
+        params = s.params
         # torch.compile of the wrapped model: what it wraps is the job's.
         inner = _torch.uncompiled(model)
         self.ddp = inner if _is_ddp(inner) else None
@@ -291,17 +296,6 @@ class Job:
         # nothing interleaves with the user's collectives.
         self.grad_group = self.ddp.process_group if self.ddp is not None else None
         self.meta = dist.new_group(backend="gloo")
-        # FSDP2: every unit's collectives behind a gate, on a gloo group of their own.
-        self.fsdp = inner if run._adaptive and _fsdp.is_fsdp2(inner) else None
-        self.gates = None
-        # FSDP2: whether the unsharded gradients are held until the last micro-batch (the
-        # run decides, _fsdp.holds_unsharded), and what they take.
-        self.hold = True
-        self.hold_own = True
-        self.grad_bytes = 0
-        if self.fsdp is not None:
-            self.gates = _fsdp.Gates(dist, dist.new_group(backend="gloo"))
-            self.units = _fsdp.install(inner, self.gates)
         self.params = params
         # The gradients' all-reduce overlapped with the last backward (_overlap), or, once
         # that is off (see set_overlap), after it through the reducer.
@@ -315,7 +309,7 @@ class Job:
         self.hosts = [str(g[0]) for g in gathered]
         # Why the gradients go after the last backward, when they do from the start.
         self.serial_why = ""
-        if self.ddp is not None and run._adaptive:
+        if self.ddp is not None and ddp_reduction:
             on = overlap_pays(gathered)
             self.set_overlap(on)
             if not on:
@@ -349,19 +343,19 @@ class Job:
         none = [i for i, p in enumerate(self.params) if p.grad is None]
         values = {
             "status": status,
-            "step": float(self.run._step),
-            "micro_batch": float(self.run._native.micro_batch or last.get("micro_batch", 0)),
+            "step": float(self.s.step),
+            "micro_batch": float(self.s.native.micro_batch or last.get("micro_batch", 0)),
             "peak": last.get("peak", 0.0),
             "limit": last.get("limit", 0.0),
             "usage": last.get("usage", 0.0),
-            "ooms": float(self.run._native.ooms),
+            "ooms": float(self.s.native.ooms),
             "step_time": last.get("step_time", 0.0),
             "loss": last.get("loss", math.nan),
             "want_stop": 1.0 if self.want_stop else 0.0,
             "cmd_bytes": float(sum(len(c) for c in commands)),
             "none_sum": missing_key(none),
             "none_count": float(len(none)),
-            "paused": 1.0 if self.run._native.paused else 0.0,
+            "paused": 1.0 if self.s.native.paused else 0.0,
             "applied": float(self.applied),
         }
         return torch.tensor([values[f] for f in FIELDS], dtype=torch.float64)
@@ -371,7 +365,7 @@ class Job:
     ) -> Agreement:
         """The one collective per step every rank enters: what each did, what all do.
         `wait_s`: how long to wait for a viewer's command first (a paused job's rounds)."""
-        commands = self.run._take_commands(wait_s)
+        commands = self.take_commands(wait_s)
         mine = self.record(status, commands)
         out = [torch.empty_like(mine) for _ in range(self.world)]
         t0 = time.perf_counter()
@@ -382,7 +376,7 @@ class Job:
         except RankFailed:
             raise
         except RuntimeError as e:
-            raise self._peer_lost(step, self.agreements, e) from e
+            raise self.peer_lost(step, self.agreements, e) from e
         waited = (time.perf_counter() - t0) * 1e6
         self.agreements += 1
         self.agree_us_total += waited
@@ -432,7 +426,7 @@ class Job:
             if not said and now - start > SAY_WAITING_S:
                 said = True
                 missing, _ = self._missing(round_)
-                self.run._native.notice_text(
+                self.s.native.notice_text(
                     f"step {step}: waiting {now - start:.0f} s for the other ranks at the "
                     f"agreement{_ranks_text(missing)}",
                     level="warn",
@@ -452,7 +446,7 @@ class Job:
             pause = 0.2
         work.wait()
 
-    def _peer_lost(self, step: int, round_: int, error: BaseException) -> RankFailed:
+    def peer_lost(self, step: int, round_: int, error: BaseException) -> RankFailed:
         """A collective failed under this rank (gloo sees a dead peer's connection close at
         once): name the ranks that never arrived, once the live ones have had a moment to
         say they did."""
@@ -470,8 +464,6 @@ class Job:
         interpreter is whole. A gloo group left to the interpreter's teardown can abort
         the process as it exits (torch's gloo workers release their last work then),
         after a run that did everything right."""
-        if self.gates is not None:
-            self.gates.close()
         if self.overlap is not None:
             self.overlap.close()
         meta, self.meta = self.meta, None
@@ -512,7 +504,7 @@ class Job:
         ranks = []
         for i, r in enumerate(a.rows):
             status = "failed" if r["status"] == FAILED else "paused" if r["paused"] else "running"
-            if self.run._native.stop_requested or a.stop_by:
+            if self.s.native.stop_requested or a.stop_by:
                 status = "stopping" if status == "running" else status
             ranks.append(
                 {
@@ -530,7 +522,7 @@ class Job:
                     "commands_applied": int(r["applied"]),
                 }
             )
-        self.run._native.job_ranks(
+        self.s.native.job_ranks(
             json.dumps(
                 {
                     "job": self.job_id,
@@ -546,7 +538,7 @@ class Job:
         if min(applied) > self.agreed_applied and min(applied) == max(applied):
             n = min(applied) - self.agreed_applied
             self.agreed_applied = min(applied)
-            self.run._native.notice_text(
+            self.s.native.notice_text(
                 f"{n} command(s) carried out by every rank ({self.world} of {self.world}) "
                 f"by step {int(a.rows[0]['step'])}",
                 source="job",
@@ -577,7 +569,7 @@ class Job:
                 for b in buffers:
                     self.dist.broadcast(b, src=0, group=self.grad_group)
         except RuntimeError as e:
-            raise self._peer_lost(step, self.agreements, e) from e
+            raise self.peer_lost(step, self.agreements, e) from e
 
     def set_overlap(self, on: bool) -> None:
         """The gradients' all-reduce during the last backward (on) or after it (off: the
@@ -631,7 +623,7 @@ class Job:
                 # Not headroom's: abort mode allocates nothing, nor does anything after
                 # the verdict (a collective's own, then).
                 raise
-            raise self._peer_lost(step, self.agreements, e) from e
+            raise self.peer_lost(step, self.agreements, e) from e
         if not (v.redo or v.failed):
             ov.drop_unused(v)
             if v.order is not None:
@@ -679,7 +671,7 @@ class Job:
         except RankFailed:
             raise
         except RuntimeError as e:
-            raise self._peer_lost(step, self.agreements, e) from e
+            raise self.peer_lost(step, self.agreements, e) from e
         return v
 
 

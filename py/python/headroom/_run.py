@@ -1,8 +1,10 @@
 """`headroom.Run`: a PyTorch training loop on headroom's stream, watched or steered.
 
-The class is made of three parts: this module (the loop's calls, the adaptive step, the
-step boundary), `_signals` (the signals that would end the process) and `_job` (a rank
-of a torchrun job).
+The run holds three parts and asks none of them what it is: its state (`_state`, what
+every part shares), its signals (`_signals`, an object it owns) and its rank (`_rank`: the
+way it trains, one process, or a rank of a torchrun job watched (`_job`), under DDP
+(`_replicated`) or FSDP2 (`_sharded`)), which cuts each step into micro-batches, redoes
+what an out-of-memory error ended and ends each step. This module is the loop's calls.
 
 `headroom.hf` and `headroom.lightning` drive a run from a framework's hooks and read no
 private attribute of it (py/tests/test_imports.py holds them to that): what they need
@@ -30,9 +32,18 @@ from . import _args, _batch, _dist, _eval, _fsdp, _internals, _job, _levers, _na
 
 # headroom._run.RunError, .OutOfMemory, .OptimizerStepFailed and .LossError stay importable
 # (they were defined here before _errors).
-from ._errors import BatchError, LossError, OptimizerStepFailed, OutOfMemory, RunError
-from ._job import JobRank
-from ._signals import StopSignals
+from ._errors import (  # noqa: F401 (re-exported)
+    BatchError,
+    LossError,
+    OptimizerStepFailed,
+    OutOfMemory,
+    RunError,
+)
+from ._rank import GIVEN_UP, Rank, SoloRank, StepWork
+from ._replicated import ReplicatedRank
+from ._sharded import ShardedRank
+from ._signals import Signals
+from ._state import RunState
 
 LossFn = Callable[[Any], torch.Tensor]
 
@@ -73,7 +84,7 @@ def _claim(run: Run) -> None:
 _STATE_VERSION = 1
 
 
-class Run(StopSignals, JobRank):
+class Run:
     """One training run on headroom's stream.
 
     Watch-only (no ``effective_batch``): call :meth:`report` once per step. Adaptive
@@ -154,34 +165,39 @@ class Run(StopSignals, JobRank):
         budget = a.memory_budget
         if budget is not None and cuda and budget.strip().lower() != "auto":
             _torch.cap_cuda(self.device, _native.parse_bytes(budget))
-        self._model = a.model
-        self._params = (
-            [p for p in a.model.parameters() if p.requires_grad] if a.model is not None else []
+        self._s = s = RunState(
+            device=self.device,
+            model=a.model,
+            hard_limit=bool(a.hard_limit),
+            adaptive=a.effective_batch is not None,
+            effective=a.effective_batch or 0,
+            on_checkpoint=a.on_checkpoint,
         )
-        self._hard_limit = bool(a.hard_limit)
+        # The parts the loop's calls use most, under their own names (the same objects
+        # the rank and the signals hold in `s`).
+        self._model = a.model
+        self._params = s.params
+        self._hard_limit = s.hard_limit
+        self._adaptive = s.adaptive
+        self._effective = s.effective
+        self._on_checkpoint = a.on_checkpoint
         if self._hard_limit and not cuda:
             _torch.start_thread_pools()
-        self._on_checkpoint = a.on_checkpoint
-        self._adaptive = a.effective_batch is not None
-        self._effective = a.effective_batch or 0
-        self._native = self._open_native(a, name, job)
-        self._sharded_accumulation = a.sharded_accumulation
-        self._start_job(a.model, world, job[0] if joined else None)
-        self._solo_fsdp = self._fsdp_alone(a.model)
+        self._native = s.native = self._open_native(a, name, job)
         self._start_meters(a.oom_snapshot)
-        self._levers = _levers.Levers(self.device)
+        self._levers = s.levers = _levers.Levers(self.device)
+        # A headroom.plan(...): its prediction is logged beside each step's peak, and its
+        # split is the memory panel's (without one, the session's from measured steps).
+        self._plan = a.plan
+        self._signals = Signals(s, a.on_usr1, a.on_usr2, self.finish, self.fail)
+        self._rank = self._make_rank(a, job[0] if joined else None)
+        self._rank.start(world)
         if self._adaptive:
             self._start_controller(a)
         # Which batch-size notices were given (a larger batch, a smaller one).
         self._batch_said: set[bool] = set()
-        self._step = 0
-        self._accumulated: tuple | None = None
-        self._boundary_t = time.perf_counter()
         self._optimizer_said = False
         self._parts_said = False
-        # A headroom.plan(...): its prediction is logged beside each step's peak, and its
-        # split is the memory panel's (without one, the session's from measured steps).
-        self._plan = a.plan
         if a.plan is not None:
             p = a.plan
             self._native.plan_split(
@@ -189,7 +205,24 @@ class Run(StopSignals, JobRank):
                 max(0, p.fixed_overhead),
                 p.activations_per_sample / max(1, p.seq_len),
             )
-        self._start_signals(a.on_usr1, a.on_usr2)
+        # Last: a run that failed to start leaves the process's handlers as they were.
+        self._signals.install()
+
+    def _make_rank(self, a, job_id: str | None) -> Rank:
+        """The run's way of training: one process, or a rank of a torchrun job (watched,
+        DDP, FSDP2). Under a job, collective: every rank's Run gets here."""
+        s = self._s
+        if job_id is None:
+            return SoloRank(s, self._signals, a.plan)
+        # torch.compile of the wrapped model: what it wraps decides.
+        inner = _torch.uncompiled(a.model)
+        if s.adaptive and _fsdp.is_fsdp2(inner):
+            return ShardedRank(
+                s, self._signals, a.plan, a.model, job_id, inner, a.sharded_accumulation
+            )
+        if s.adaptive:
+            return ReplicatedRank(s, self._signals, a.plan, a.model, job_id)
+        return _job.JobRank(s, self._signals, a.plan, a.model, job_id)
 
     def _open_native(self, a, name: str, job) -> _native.NativeRun:
         """The extension's run: the stream, the log, the controller, the cap."""
@@ -249,7 +282,8 @@ class Run(StopSignals, JobRank):
                 "peaks are the process's peak so far and over-state later steps",
                 level="warn",
             )
-        self._oom_snapshot = bool(oom_snapshot) and cuda
+        self._s.meter = self._meter
+        self._oom_snapshot = self._s.oom_snapshot = bool(oom_snapshot) and cuda
         if oom_snapshot and not cuda:
             self.notice(
                 "oom_snapshot: off on the CPU: the snapshot is the CUDA caching "
@@ -270,7 +304,7 @@ class Run(StopSignals, JobRank):
             baseline=self._meter.held(),
             adaptive=a.adaptive,
         )
-        self._levers = _levers.Levers(
+        self._levers = self._s.levers = _levers.Levers(
             self.device, a.precision, a.checkpoint_blocks, a.checkpointing, a.half_precision
         )
         self._say_batch_range(a.micro_batch, a.min_micro_batch, a.max_micro_batch)
@@ -353,7 +387,14 @@ class Run(StopSignals, JobRank):
     @property
     def step_count(self) -> int:
         """Steps completed."""
-        return self._step
+        return self._s.step
+
+    @property
+    def stop_gave_up_a_step(self) -> bool:
+        """A stop gave a step up mid-way: the stop's checkpoint is then taken inside the
+        step (the parameters are the last completed step's), where a framework's own save
+        must happen at once, not at its batch's end (headroom.hf, .lightning)."""
+        return self._signals.gave_up_a_step
 
     @property
     def log_path(self) -> str | None:
@@ -416,7 +457,11 @@ class Run(StopSignals, JobRank):
                 value = float(loss.item())
             except RuntimeError:  # not one element: the error names it
                 value = _args.loss_value(loss, "the loss given to run.report()")
-        elif self._job is None and isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        elif (
+            self._rank.reads_loss_off_thread
+            and isinstance(loss, torch.Tensor)
+            and loss.numel() == 1
+        ):
             # Read on the extension's reporter thread: .item() here would wait for the
             # device, every step.
             device_loss, value = loss.detach(), 0.0
@@ -432,60 +477,12 @@ class Run(StopSignals, JobRank):
             grad_norm = _args.optional_number("run.report(grad_norm=)", grad_norm)
         if self._native.evaluating:
             self._native.eval_end()
-        step = self._step + 1
-        dt = time.perf_counter() - self._boundary_t
+        step = self._s.step + 1
+        dt = time.perf_counter() - self._s.boundary_t
         n = samples or 1
         diverged = loss is not None and not math.isfinite(value)
-        if self._job is None:
-            given = value if device_loss is None else device_loss
-            self._report_off_thread(step, given, n, seq_len, dt, lr, grad_norm, diverged)
-            return
-        peak = self._meter.peak()
-        self._native.observe(step, n, seq_len, peak)
-        if self._plan is not None:
-            self._native.plan_check(step, n, self._plan.predict(n), peak)
-        self._native.step(step, value, n, n, seq_len, dt, n * seq_len, lr, grad_norm)
-        self._step = step
-        if diverged:
-            self._diverged(step, value)
-        self._job_note(n, peak, dt, value)
-        self._job_agreed(step, self._job.agree(step))
-        self._boundary()
-
-    def _report_off_thread(self, step, value, n, seq_len, dt, lr, grad_norm, diverged) -> None:
-        """A watch-only step outside a job: the extension's reporter thread reads the peak
-        (on the CPU; CUDA's allocator peak is read here, where torch is) and records the
-        step; the boundary runs only when it has work (commands, pause, stop, signals)."""
-        peak = self._meter.take_peak if self._meter.cuda else None
-        planned = None if self._plan is None else self._plan.predict(n)
-        busy = self._native.report(step, value, n, seq_len, dt, lr, grad_norm, peak, planned)
-        self._step = step
-        if diverged:
-            self._diverged(step, value)
-        if busy or self._pending_signals or self._checkpoint_asked or self._signalled:
-            # The reporter has read this step's peak before the boundary's own work (a
-            # checkpoint) and its reset, as the step's peak always excluded them.
-            self._native.flush()
-            late = self._native.take_diverged()
-            if late is not None:
-                # A device tensor's loss, read off this thread: said at the next report.
-                self._diverged(*late)
-            self._boundary()
-            return
-        self._boundary_t = time.perf_counter()
-
-    def _diverged(self, step: int, value: float) -> None:
-        error = (
-            f"step {step}: the loss given to run.report() is {value} (training diverged, "
-            "or the data holds a NaN/inf); the step is recorded without a loss. Lower the "
-            "learning rate or check the batch"
-        )
-        self._native.notice_text(error, level="error", source="python")
-        failure = LossError(error)
-        if self._job is not None:
-            # The other ranks learn it at this step's agreement, not by waiting there.
-            self._job_fail(step, failure)
-        raise failure
+        given = value if device_loss is None else device_loss
+        self._rank.report(step, given, n, seq_len, dt, lr, grad_norm, diverged)
 
     # ---- adaptive ------------------------------------------------------------------------
 
@@ -523,7 +520,7 @@ class Run(StopSignals, JobRank):
         if self._native.ended:
             raise RunError("this run has ended; create a new headroom.Run")
         self._end_open_evaluation()
-        if self._accumulated is not None:
+        if self._s.accumulated is not None:
             raise RunError(
                 "run.backward() was called twice without run.step(optimizer) between: the "
                 "second batch's gradients would add to the first's; call run.step(optimizer) "
@@ -545,9 +542,7 @@ class Run(StopSignals, JobRank):
         _args.callback("run.backward(backward=)", backward, "a function of the weighted loss")
         samples = _args.optional_whole("run.backward(samples=)", samples, 1, 32)
         seq_len = _args.optional_whole("run.backward(seq_len=)", seq_len, 1, 128)
-        if self._job is None:
-            _dist.refuse_process_group()
-        job = self._job
+        self._rank.check_backward()
         if split is None:
             n = _batch.size_of(batch)
             cut = _batch.take_dynamic if _torch.is_compiled(self._model) else _batch.take
@@ -558,191 +553,25 @@ class Run(StopSignals, JobRank):
             cut = split
         if n < 1:
             raise BatchError("the batch holds no samples")
-        self._say_batch_size(self._step + 1, n)
+        step = self._s.step + 1
+        self._say_batch_size(step, n)
         seq = seq_len or (_batch.seq_len_of(batch) if split is None else 1)
-        step = self._step + 1
         t0 = time.perf_counter()
         mb, free = self._native.before_step(step, seq)
         if free:
             _torch.free_memory(self.device)
-        if job is not None:
-            job.sync_buffers(step)
+        self._rank.sync_buffers(step)
         # fp16 in force by the precision lever: the run's GradScaler (run.step uses it too).
         scaler = scaler if scaler is not None else self._levers.scaler
-        given_up = None
-        # A job's reduction after the last backward found that this rank's zeros for a
-        # gradient it lacks did not fit: its own out-of-memory error, the step redone.
-        zeros_oom = None
-        while True:
-            try:
-                if zeros_oom is not None:
-                    mb = self._retry_after_oom(step, mb, seq, zeros_oom)
-                    self.notice(
-                        f"step {step}: out of memory on this rank making zeros for gradients "
-                        "its samples did not produce, before the gradients' all-reduce; every "
-                        "rank of the job drops the step's gradients and its samples start "
-                        f"over, this rank's at micro-batch {mb}",
-                        level="warn",
-                    )
-                    zeros_oom = None
-                if job is not None and job.fsdp is not None:
-                    total, mb, predicted = self._accumulate_sharded(
-                        batch, loss_fn, cut, n, seq, step, mb, reduction, backward, scaler
-                    )
-                else:
-                    with job.no_sync() if job is not None else contextlib.nullcontext():
-                        total, mb, predicted = self._accumulate(
-                            batch, loss_fn, cut, n, seq, step, mb, reduction, backward, scaler
-                        )
-                value = float(total)
-                if not math.isfinite(value):
-                    raise LossError(
-                        f"step {step}: the batch's loss is {value} (training diverged, or the "
-                        "data holds a NaN/inf); the gradients were cleared. Lower the learning "
-                        "rate or check the batch"
-                    )
-            except _dist.Abandon as e:
-                # A stop signal on this rank: the step is given up at the agreement, by
-                # every rank together (below).
-                given_up = e
-            except BaseException as e:
-                # Whatever ends the step early (a bad loss, an error in loss_fn, Ctrl-C)
-                # leaves no gradient of it behind: a retried step starts clean.
-                self._clear_grads()
-                if job is not None:
-                    self._job_fail(step, e)
-                raise
-            if job is None:
-                break
-            if given_up is not None and given_up.agreed:
-                return self._give_up_step(step, given_up)
-            if given_up is None and self._overlapped():
-                # The agreement came before the last backward, the gradients' all-reduce
-                # during it.
-                break
-            agreed = job.agree(step, _dist.ABANDON if given_up else _dist.OK)
-            self._job_agreed(step, agreed)
-            if agreed.abandon:
-                return self._give_up_step(step, given_up)
-            redo, zeros_oom = self._job_reduce(step, agreed.grads_agree)
-            if not redo:
-                break
-        self._accumulated = (step, mb, seq, n, t0, value, predicted)
+        work = StepWork(step, batch, loss_fn, cut, n, seq, reduction, backward, scaler)
+        result = self._rank.backward(work, mb)
+        if result is GIVEN_UP:
+            # The job gave the step up (a stop): run.step applies nothing.
+            self._s.accumulated = GIVEN_UP
+            return math.nan
+        value, mb, predicted = result
+        self._s.accumulated = (step, mb, seq, n, t0, value, predicted)
         return value
-
-    def _accumulate(
-        self, batch, loss_fn, cut, n: int, seq: int, step: int, mb: int, reduction, backward, scaler
-    ):
-        """The micro-batches of one step, forward and backward, with out-of-memory errors
-        caught and the remaining samples retried smaller; returns the weighted loss, the
-        micro-batch it ended at and the memory predicted for it."""
-        total = torch.zeros((), device=self.device)
-        start = 0
-        self._meter.reset()
-        predicted = self._native.predicted_bytes(mb, seq)
-        while start < n:
-            self._stop_between_micro_batches(start, n)
-            end = min(n, start + mb)
-            failed = None
-            in_backward = False
-            # A job's last backward of the step carries the gradients' all-reduce (_overlap).
-            overlapped = False
-            versions = self._grad_versions()
-            try:
-                with self._levers.autocast():
-                    loss = loss_fn(cut(batch, start, end))
-                _args.micro_batch_loss(loss, step, start, end)
-                weight = (end - start) / n if reduction == "mean" else 1.0
-                if end == n and self._overlapped():
-                    self._before_last_backward(step, start, n)
-                    overlapped = True
-                in_backward = True
-                _torch.backward_of(loss * weight, backward, scaler)
-                total += loss.detach() * weight
-            except Exception as e:
-                oom = _torch.is_oom(e, capped=self._hard_limit)
-                if overlapped:
-                    self._after_last_backward(step, oom=oom, failed=not oom)
-                if not oom:
-                    raise
-                failed = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            except BaseException:
-                if overlapped:
-                    self._after_last_backward(step, failed=True)
-                raise
-            loss = None
-            zeros = False
-            if failed is None and overlapped:
-                redo, failed = self._after_last_backward(
-                    step, failed=not math.isfinite(float(total))
-                )
-                zeros = failed is not None
-                if redo and not zeros:
-                    # Another rank's last backward ran out of memory: the step's gradients
-                    # are dropped on every rank, and its samples start again.
-                    self._clear_grads()
-                    total = torch.zeros((), device=self.device)
-                    start = 0
-                    self._meter.reset()
-                    continue
-            if failed is None:
-                start = end
-                continue
-            # Out of memory: the attempt's tensors went with its frames. In a job's last
-            # backward the all-reduce had begun: every rank starts the step over. FSDP2
-            # without a job: its units put back to between steps, and the step over too
-            # (what its half-run unit had gathered or accumulated cannot be told apart).
-            restart = overlapped or (in_backward and self._grads_changed(versions))
-            if self._solo_fsdp is not None:
-                self._reset_solo_fsdp()
-                restart = True
-            retry = self._retry_after_oom(step, mb, seq, failed)
-            if restart:
-                # The backward had already added part of this micro-batch's gradients:
-                # they cannot be told apart from the completed ones', so the step's
-                # samples start over (exact, at the cost of recomputing them).
-                where = (
-                    "on this rank making zeros for gradients its samples did not produce, "
-                    "after its last backward"
-                    if zeros
-                    else "in this rank's last backward"
-                )
-                self.notice(
-                    f"step {step}: out of memory {where}, with the gradients' all-reduce "
-                    "under way; every rank of the job drops the step's gradients and its "
-                    f"samples start over, this rank's at micro-batch {retry}"
-                    if overlapped
-                    else f"step {step}: the out-of-memory error struck after gradients were "
-                    "partly accumulated; the step's samples start over at micro-batch "
-                    f"{retry}",
-                    level="warn",
-                )
-                self._clear_grads()
-                total = torch.zeros((), device=self.device)
-                start = 0
-            mb = retry
-            self._meter.reset()
-            predicted = self._native.predicted_bytes(mb, seq)
-        return total, mb, predicted
-
-    def _retry_after_oom(self, step: int, mb: int, seq: int, failed: str) -> int:
-        """This rank ran out of memory in step `step` at micro-batch `mb` (`failed`: the
-        error's first line): the controller told, the micro-batch to retry at; raises
-        OutOfMemory when there is none."""
-        retry, _, last_resort = self._native.oom(step, mb, seq, failed)
-        self._snapshot_oom(step)
-        _torch.free_memory(self.device)
-        if last_resort:
-            # Out of sizes: checkpointing on, the same samples retried (the session said
-            # so).
-            self._switch_lever("checkpointing", "blocks", "controller")
-        if retry is None:
-            raise OutOfMemory(
-                f"step {step} ran out of memory at micro-batch {mb} ({seq} tokens per "
-                f"sample) repeatedly: {failed}; {self._save_on_give_up()}. Give the run "
-                "more memory or make a sample smaller"
-            )
-        return retry
 
     def step(
         self,
@@ -760,17 +589,17 @@ class Run(StopSignals, JobRank):
         controller (its peak lacks the optimizer's update)."""
         _args.optimizer(optimizer)
         grad_norm = _args.optional_number("run.step(grad_norm=)", grad_norm)
-        if self._accumulated is None:
+        if self._s.accumulated is None:
             raise RunError(
                 "run.step(optimizer) without run.backward(batch, loss_fn) before it: there "
                 "are no gradients of this run to apply"
             )
-        if self._accumulated is _job.GIVEN_UP:
+        if self._s.accumulated is GIVEN_UP:
             # The job gave the step up (a stop): nothing to apply; the boundary checkpoints.
-            self._accumulated = None
-            self._boundary()
+            self._s.accumulated = None
+            self._rank.boundary()
             return
-        step, mb, seq, n, t0, value, predicted = self._accumulated
+        step, mb, seq, n, t0, value, predicted = self._s.accumulated
         if not self._optimizer_said:
             self._optimizer_said = True
             advice = _torch.optimizer_advice(optimizer)
@@ -780,8 +609,7 @@ class Run(StopSignals, JobRank):
         try:
             self._optimizer_step(optimizer, step, scaler)
         except BaseException as e:
-            if self._job is not None:
-                self._job_fail(step, e)
+            self._rank.fail(step, e)
             raise
         skipped = _torch.scaler_update(scaler, optimizer)
         if not self._parts_said and not skipped:
@@ -791,7 +619,7 @@ class Run(StopSignals, JobRank):
             self._native.memory_parts(*_torch.memory_parts(self._model, optimizer))
         if zero_grad:
             optimizer.zero_grad(set_to_none=True)
-        self._accumulated = None
+        self._s.accumulated = None
         peak = self._meter.peak()
         if skipped:
             next_mb, free = self._say_skipped(step, skipped), False
@@ -804,10 +632,9 @@ class Run(StopSignals, JobRank):
         dt = time.perf_counter() - t0
         lr = optimizer.param_groups[0].get("lr") if optimizer.param_groups else None
         self._native.step(step, value, mb, n, seq, dt, n * seq, _opt(lr), grad_norm)
-        self._step = step
-        if self._job is not None:
-            self._job_note(next_mb, peak, dt, value)
-        self._boundary()
+        self._s.step = step
+        self._rank.stepped(next_mb, peak, dt, value)
+        self._rank.boundary()
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer, step: int, scaler=None) -> None:
         """optimizer.step(), retried after an OOM that changed nothing it cannot restore.
@@ -851,28 +678,6 @@ class Run(StopSignals, JobRank):
             )
         raise OutOfMemory(f"step {step}: optimizer.step() ran out of memory three times")
 
-    def _save_on_give_up(self) -> str:
-        """As `headroom train` does when it gives up: the last completed step saved through
-        on_checkpoint (its parameters and optimizer state are untouched by the step given
-        up), with the hard cap lifted meanwhile, since the cap is for training's
-        allocations and the callback's own objects may need what it holds back. Returns
-        what became of the save, for the error."""
-        if self._on_checkpoint is None:
-            return "no checkpoint was taken (pass on_checkpoint=fn to have one)"
-        if self._job is not None:
-            return "no checkpoint was taken (under torchrun a save is every rank's together)"
-        try:
-            with _torch.cap_lifted():
-                path = self._on_checkpoint(self._step)
-        except Exception as e:
-            return f"the checkpoint failed too: {type(e).__name__}: {e}"
-        where = "" if path is None else f" at {os.fspath(path)}"
-        if path is not None:
-            self._native.checkpoint_saved(self._step, os.fspath(path))
-        said = f"the state after step {self._step} is saved by on_checkpoint{where}"
-        self._native.notice_text(said, level="warn", source="checkpoint")
-        return said
-
     def _say_skipped(self, step: int, scales: tuple[float, float]) -> int:
         """Says the scaler skipped `step`; the micro-batch stays as it is."""
         self._native.notice_text(
@@ -882,15 +687,6 @@ class Run(StopSignals, JobRank):
             source="python",
         )
         return self._native.micro_batch
-
-    def _fsdp_alone(self, model: Any) -> Any:
-        """An adaptive run's FSDP2 root when it joined no job (one process, or world size
-        1): an out-of-memory error inside a unit leaves it half run (a unit's parameters
-        gathered and never resharded, its state mid-forward), and training on from there
-        learns the wrong thing. None otherwise."""
-        if not self._adaptive or self._job is not None or model is None:
-            return None
-        return _fsdp.outermost(model)
 
     @staticmethod
     def _check_solo_fsdp(model: Any) -> None:
@@ -902,22 +698,8 @@ class Run(StopSignals, JobRank):
                 "(create the Run without effective_batch=)"
             )
 
-    def _reset_solo_fsdp(self) -> None:
-        if self._solo_fsdp is not None:
-            _fsdp.reset(self._solo_fsdp)
-
-    def _grad_versions(self) -> list:
-        return [
-            None if p.grad is None else (id(p.grad), _internals.version(p.grad))
-            for p in self._params
-        ]
-
-    def _grads_changed(self, versions: list) -> bool:
-        return versions != self._grad_versions()
-
     def _clear_grads(self) -> None:
-        for p in self._params:
-            p.grad = None
+        self._s.clear_grads()
 
     # ---- both ----------------------------------------------------------------------------
 
@@ -929,7 +711,7 @@ class Run(StopSignals, JobRank):
         """A validation result at the current step."""
         v = _args.loss_value(val_loss, "val_loss")
         t = v if train_loss is None else _args.loss_value(train_loss, "train_loss")
-        self._native.eval(self._step, v, t, tokens)
+        self._native.eval(self._s.step, v, t, tokens)
 
     # ---- evaluation ----------------------------------------------------------------------
 
@@ -961,7 +743,7 @@ class Run(StopSignals, JobRank):
         """
         if self._native.ended:
             raise RunError("this run has ended; create a new headroom.Run")
-        if self._accumulated is not None:
+        if self._s.accumulated is not None:
             raise RunError(
                 "run.evaluate() between run.backward() and run.step(): its chunks' peaks "
                 "would be measured into the step's; evaluate after run.step(optimizer)"
@@ -1011,7 +793,7 @@ class Run(StopSignals, JobRank):
     def in_step(self) -> bool:
         """True from :meth:`backward` until the :meth:`step` that ends its step (a step a
         torchrun job gave up included: run.step still ends it)."""
-        return self._accumulated is not None
+        return self._s.accumulated is not None
 
     def begin_evaluation(self, phase: str) -> None:
         """Opens an evaluation pass named `phase`: :meth:`evaluation`'s block for a loop
@@ -1054,7 +836,7 @@ class Run(StopSignals, JobRank):
                 samples=samples,
                 seq_len=seq_len,
                 on_chunk=on_chunk,
-                after_oom=self._reset_solo_fsdp,
+                after_oom=self._rank.reset_evaluation,
             )
         finally:
             # The next step's peak starts from here, not from the last chunk's.
@@ -1080,22 +862,22 @@ class Run(StopSignals, JobRank):
                 f"version {_STATE_VERSION}), got {type(state).__name__}"
                 + (f" version {state.get('version')!r}" if isinstance(state, dict) else "")
             )
-        if self._step != 0 or self._accumulated is not None:
+        if self._s.step != 0 or self._s.accumulated is not None:
             raise RunError(
-                f"load_state_dict() after step {self._step}: call it right after creating "
+                f"load_state_dict() after step {self._s.step}: call it right after creating "
                 "the run, before its first step"
             )
-        self._step = self._native.restore(state["native"])
+        self._s.step = self._native.restore(state["native"])
 
     def checkpoint_saved(self, path: str | os.PathLike) -> None:
         """Tells the dashboard the loop wrote a checkpoint."""
-        self._native.checkpoint_saved(self._step, os.fspath(path))
+        self._native.checkpoint_saved(self._s.step, os.fspath(path))
 
     def finish(self) -> None:
         """Ends the run: attached dashboards show it finished; the socket goes."""
         if self._native.ended:
             return
-        self._checkpoint_for_stop()
+        self._signals.checkpoint_for_stop()
         warning = self._native.finish()
         self._release()
         if warning:
@@ -1107,33 +889,12 @@ class Run(StopSignals, JobRank):
         self._native.fail(str(reason))
         self._release()
 
-    def _snapshot_oom(self, step: int) -> None:
-        """With oom_snapshot=True on CUDA: what the allocator held when a step ran out of
-        memory, as the pickle PyTorch's memory_viz reads, beside the log (or in the
-        working directory without one); its path goes in the event log."""
-        if not self._oom_snapshot:
-            return
-        log = self.log_path
-        base = Path(log).with_suffix("") if log else Path.cwd() / self.name
-        path = f"{base}.oom-step{step}.pickle"
-        try:
-            _internals.dump_memory_snapshot(path)
-        except Exception as e:  # a snapshot must never end the run it explains
-            self.notice(f"step {step}: the out-of-memory snapshot failed: {e}", level="warn")
-            return
-        self.notice(
-            f"step {step}: out of memory: the allocator's state then is in {path} "
-            "(open it at https://pytorch.org/memory_viz)",
-            level="warn",
-        )
-
     def _release(self) -> None:
         global _current
         if getattr(self, "_oom_snapshot", False):
             _internals.record_memory_history(False)
-        self._restore_signal_handlers()
-        if self._job is not None:
-            self._job.close()
+        self._signals.restore()
+        self._rank.close()
         with _current_lock:
             if _current is self:
                 _current = None
@@ -1155,62 +916,14 @@ class Run(StopSignals, JobRank):
         if value is None:
             self.finish()
         elif isinstance(value, KeyboardInterrupt):
-            self.fail(f"interrupted (KeyboardInterrupt) after step {self._step}")
+            self.fail(f"interrupted (KeyboardInterrupt) after step {self._s.step}")
         else:
             self.fail(f"{type(value).__name__}: {value}")
 
-    def _boundary(self) -> None:
-        self._boundary_t = time.perf_counter()
-        while self._job is None:
-            self._in_poll = True
-            try:
-                actions = self._native.poll()
-            finally:
-                self._in_poll = False
-            self._handle_pending_signals()
-            for cid, kind in actions:
-                self._native.confirm(cid, self._carry_out(kind))
-            # Also while paused: the saving is what the signal's sender waits for.
-            self._checkpoint_if_asked()
-            if not self._native.paused:
-                break
-        if self._job is not None:
-            self._job_boundary()
-        self._checkpoint_if_asked()
-        self._checkpoint_for_stop()
-        if self._signalled is not None and self._native.stop_requested:
-            self._after_signal_boundary()
-        self._boundary_t = time.perf_counter()
-        self._meter.reset()
-
     def _carry_out(self, kind: str) -> str:
-        if kind == "free_cache":
-            before = _torch.held_text(self.device)
-            _torch.free_memory(self.device)
-            return f"cached memory freed: {before} → {_torch.held_text(self.device)}"
-        lever, _, to = kind.partition(":")
-        if lever in ("precision", "checkpointing") and to:
-            return self._switch_lever(lever, to, "command")
-        if kind == "checkpoint":
-            if self._on_checkpoint is None:
-                return (
-                    "refused: this run has no checkpoint callback (give "
-                    "headroom.Run(on_checkpoint=fn), fn(step) saving and returning the path)"
-                )
-            try:
-                path = self._on_checkpoint(self._step)
-            except Exception as e:
-                self._native.notice_text(
-                    f"checkpoint failed: {type(e).__name__}: {e}",
-                    level="error",
-                    source="checkpoint",
-                )
-                return f"checkpoint failed: {type(e).__name__}: {e}"
-            if path is None:
-                return f"checkpoint of step {self._step} written by the callback"
-            self._native.checkpoint_saved(self._step, os.fspath(path))
-            return f"checkpoint of step {self._step} at {os.fspath(path)}"
-        return f"not understood: {kind}"
+        """What a viewer's command does at a step boundary (the levers' benchmarks and
+        tests call it directly)."""
+        return self._s.carry_out(kind)
 
     @property
     def scaler(self) -> Any:
@@ -1221,11 +934,7 @@ class Run(StopSignals, JobRank):
 
     def _switch_lever(self, lever: str, to: str, source: str) -> str:
         """Switches a lever the run holds, from the next micro-batch on; the answer."""
-        if lever == "precision":
-            was = self._levers.set_precision(to)
-        else:
-            was = self._levers.set_checkpointing(to)
-        return self._native.switched(lever, was, to, source)
+        return self._s.switch_lever(lever, to, source)
 
 
 def _finish_previous(name: str | None, allowed: bool) -> str | None:

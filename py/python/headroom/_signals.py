@@ -1,7 +1,10 @@
 """How a `headroom.Run` answers the signals that would end its process: a stop (the step in
 progress given up at its next micro-batch, or a watched loop asked to end at the step's
 end), the checkpoint a user signal may ask for instead, and the window in which a repeat
-of the same signal is the same request (docs/RELIABILITY.md, "Signals")."""
+of the same signal is the same request (docs/RELIABILITY.md, "Signals").
+
+The run owns one `Signals`; under torchrun its rank (`_job.JobRank`) takes a stop to the
+job's agreement, so every rank stops at the same step."""
 
 from __future__ import annotations
 
@@ -12,8 +15,9 @@ import signal
 import sys
 import threading
 import time
+from typing import Any, Callable
 
-from . import _dist
+from ._state import RunState
 
 # Signals whose default action ends the process (where the platform has them).
 _STOP_SIGNALS = tuple(
@@ -70,23 +74,34 @@ def dropped(done: int, samples: int) -> str:
     return "its partial gradients are dropped"
 
 
-class StopSignals:
-    """`headroom.Run`'s signal handling (a part of the class, kept here): the handlers it
-    installs and restores, what a signal asks, and where the loop carries that out."""
+class Signals:
+    """A run's signal handling: the handlers it installs and restores, what a signal
+    asks, and where the loop carries that out. `finish` and `fail` end the run (a second
+    signal ends it at once); `rank` is the run's rank, which may take a stop to its job."""
 
-    def _start_signals(self, on_usr1: str, on_usr2: str) -> None:
-        """The run's signal state, then its handlers."""
-        self._signalled: int | None = None
-        self._signalled_at = 0.0
-        self._signal_boundaries = 0
-        self._stop_checkpointed = False
+    def __init__(
+        self,
+        s: RunState,
+        on_usr1: str,
+        on_usr2: str,
+        finish: Callable[[], None],
+        fail: Callable[[str], None],
+    ):
+        self.s = s
+        self.finish = finish
+        self.fail = fail
+        self.rank: Any = None
+        self.signalled: int | None = None
+        self.signalled_at = 0.0
+        self.boundaries = 0
+        self.stop_checkpointed = False
         # A stop gave a step up mid-way: the stop's checkpoint is then taken inside the
         # step (the parameters are the last completed step's), where a framework's own
         # save must happen at once, not at its batch's end (headroom.hf, .lightning).
-        self.stop_gave_up_a_step = False
-        self._saved_handlers: dict = {}
+        self.gave_up_a_step = False
+        self.saved_handlers: dict = {}
         # The user signals that checkpoint and go on instead of stopping.
-        self._checkpoint_signals = {
+        self.checkpoint_signals = {
             sig
             for sig, action in (
                 (getattr(signal, "SIGUSR1", None), on_usr1),
@@ -94,12 +109,10 @@ class StopSignals:
             )
             if sig is not None and action == "checkpoint"
         }
-        self._checkpoint_asked: str | None = None
-        self._in_poll = False
-        self._pending_signals: list[int] = []
-        self._install_signal_handlers()
+        self.checkpoint_asked: str | None = None
+        self.pending: list[int] = []
 
-    def _install_signal_handlers(self) -> None:
+    def install(self) -> None:
         """Every signal whose default ends the process would end it without atexit: the
         log without its end, the socket left behind, no checkpoint. Each is taken over only
         where its default is still in force (the program's own handlers stay; Python's own
@@ -111,134 +124,111 @@ class StopSignals:
         for sig in _STOP_SIGNALS:
             held = signal.getsignal(sig)
             if held == signal.SIG_DFL or isinstance(held, _RepeatGuard):
-                self._saved_handlers[sig] = signal.SIG_DFL
+                self.saved_handlers[sig] = signal.SIG_DFL
                 signal.signal(sig, self._on_signal)
 
-    def _restore_signal_handlers(self) -> None:
+    def restore(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        for sig, handler in self._saved_handlers.items():
+        for sig, handler in self.saved_handlers.items():
             if signal.getsignal(sig) == self._on_signal:
-                if _same_request(self._signalled, self._signalled_at, sig):
-                    handler = _RepeatGuard(sig, self._signalled_at)
+                if _same_request(self.signalled, self.signalled_at, sig):
+                    handler = _RepeatGuard(sig, self.signalled_at)
                 signal.signal(sig, handler)
-        self._saved_handlers = {}
+        self.saved_handlers = {}
 
     def _on_signal(self, signum, frame) -> None:
-        if self._in_poll:
+        if self.s.in_poll:
             # Inside the extension's poll (paused): acted on as soon as it returns.
-            self._pending_signals.append(signum)
+            self.pending.append(signum)
             return
-        self._handle_signal(signum)
+        self._handle(signum)
 
-    def _handle_pending_signals(self) -> None:
+    def handle_pending(self) -> None:
         """The signals that arrived while the extension was waiting, in order."""
-        while self._pending_signals:
-            self._handle_signal(self._pending_signals.pop(0))
+        while self.pending:
+            self._handle(self.pending.pop(0))
 
-    def _handle_signal(self, signum: int) -> None:
+    def _handle(self, signum: int) -> None:
+        s = self.s
         name = signal.Signals(signum).name
-        if signum in self._checkpoint_signals:
+        if signum in self.checkpoint_signals:
             self._ask_checkpoint(name)
             return
-        if signum == signal.SIGXCPU and self._signalled is not None:
+        if signum == signal.SIGXCPU and self.signalled is not None:
             # The kernel repeats SIGXCPU every second past the soft limit: the same
             # warning, not someone insisting.
             return
-        if _same_request(self._signalled, self._signalled_at, signum):
+        if _same_request(self.signalled, self.signalled_at, signum):
             # GNU timeout signals the child and then its process group, a supervisor the
             # group, a user `kill PID` then `kill -PGID`: one request delivered twice
             # within microseconds, said once, not someone insisting.
             return
-        if self._signalled is not None or self._native.ended:
+        if self.signalled is not None or s.native.ended:
             # Asked twice (or the loop is stuck between steps): end now, the run's end
             # recorded, then the signal's own default action.
-            self.fail(f"killed by a second {name} at step {self._step}")
+            self.fail(f"killed by a second {name} at step {s.step}")
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
             return
-        self._signalled = signum
-        self._signalled_at = time.monotonic()
-        if self._job is not None:
-            # Every rank stops at the same step: the job agrees on it at the next step.
-            self._job.on_signal(name)
-            self._native.notice_text(
-                f"{name}: the job stops at the next step's agreement, every rank at the same "
-                f"step ({name} again within {SAME_SIGNAL_WINDOW_S:g} s is the same request; a "
-                "second signal later ends this process at once)",
-                level="warn",
-                source="signal",
-            )
+        self.signalled = signum
+        self.signalled_at = time.monotonic()
+        if self.rank is not None and self.rank.stop_signal(name):
+            # A job's rank: every rank stops at the same step, agreed at the next step.
             return
-        self._native.request_stop(name)
+        s.native.request_stop(name)
         # Said at once on stderr too (the log and the dashboard have the notice).
         what = (
             f"a step in progress in run.backward() is abandoned at its next micro-batch; "
-            f"{self._stop_saves('will be')}"
-            if self._adaptive
+            f"{s.stop_saves('will be')}"
+            if s.adaptive
             else "the loop is asked to stop at the end of the step in progress; "
-            f"{self._stop_saves('will be', mid_step=True)}"
+            f"{s.stop_saves('will be', mid_step=True)}"
         )
         # A signal that interrupted a write to stderr makes this one a reentrant call
         # (RuntimeError): the notice in the log still says it.
         with contextlib.suppress(RuntimeError):
             print(f"headroom: {name}: stopping: {what}", file=sys.stderr, flush=True)
 
-    def _stop_saves(self, verb: str, mid_step: bool = False) -> str:
-        """What a stop saves: the last completed step (a watch-only loop's step in
-        progress, when asked mid-step: the loop finishes it), through on_checkpoint, or
-        nothing, said as such (never a checkpoint that will not be taken)."""
-        if self._on_checkpoint is not None and mid_step and not self._adaptive:
-            return f"the checkpoint {verb} taken at the end of the step in progress"
-        if self._on_checkpoint is not None:
-            return f"the checkpoint {verb} of step {self._step}"
-        return (
-            "no checkpoint is taken: this run has no on_checkpoint (give "
-            "headroom.Run(on_checkpoint=fn), fn(step) saving and returning the path)"
-        )
-
     def _ask_checkpoint(self, name: str) -> None:
         """A user signal set to "checkpoint": on_checkpoint at the end of the step in
         progress, and the loop goes on (a repeat before then is the same request)."""
-        if self._checkpoint_asked is not None:
+        if self.checkpoint_asked is not None:
             return
-        self._checkpoint_asked = name
-        what = f"a checkpoint at the end of step {self._step + 1}; the run goes on"
-        self._native.notice_text(f"{name}: {what}", source="signal")
+        self.checkpoint_asked = name
+        what = f"a checkpoint at the end of step {self.s.step + 1}; the run goes on"
+        self.s.notice(f"{name}: {what}", source="signal")
         with contextlib.suppress(RuntimeError):
             print(f"headroom: {name}: {what}", file=sys.stderr, flush=True)
 
-    def _checkpoint_if_asked(self) -> None:
+    def checkpoint_if_asked(self) -> None:
         """At a step's end: the checkpoint a user signal asked for."""
-        name, self._checkpoint_asked = self._checkpoint_asked, None
+        name, self.checkpoint_asked = self.checkpoint_asked, None
         if name is not None:
-            self.notice(f"{name}: {self._carry_out('checkpoint')}")
+            self.s.notice(f"{name}: {self.s.carry_out('checkpoint')}")
 
-    def _abandon_step_requested(self) -> bool:
+    def abandon_requested(self) -> bool:
         """Whether the step in progress is to be given up at this micro-batch boundary
         (a stop signal arrived). Under a process group the rank leaves its micro-batches
         for the agreement, where every rank gives the step up together."""
-        return self._signalled is not None
+        return self.signalled is not None
 
-    def _stop_between_micro_batches(self, done: int, samples: int) -> None:
-        """Called in run.backward() before each micro-batch. After a stop signal the step
-        is given up here, not finished: its partial gradients are dropped, the parameters
-        are still those of the last completed step, which on_checkpoint saves; the run is
-        recorded as stopped and the process exits with 128 + the signal. A resumed loop
-        redoes the step. `done` of the step's `samples` were through."""
-        if not self._abandon_step_requested():
-            return
-        if self._job is not None:
-            raise _dist.Abandon(done, samples)
-        signum = self._signalled
+    def give_up_step(self, done: int, samples: int) -> None:
+        """One process, a stop signal mid-step: the step is given up here, not finished:
+        its partial gradients are dropped, the parameters are still those of the last
+        completed step, which on_checkpoint saves; the run is recorded as stopped and the
+        process exits with 128 + the signal. A resumed loop redoes the step. `done` of
+        the step's `samples` were through."""
+        s = self.s
+        signum = self.signalled
         name = signal.Signals(signum).name
-        self._clear_grads()
-        self.stop_gave_up_a_step = True
-        took = time.perf_counter() - self._boundary_t
-        self._native.notice_text(
-            f"{name}: step {self._step + 1} abandoned after {done} of {samples} samples "
-            f"({took:.1f} s in): {dropped(done, samples)}; {self._stop_saves('is')}, "
-            f"and a resume redoes step {self._step + 1}",
+        s.clear_grads()
+        self.gave_up_a_step = True
+        took = time.perf_counter() - s.boundary_t
+        s.notice(
+            f"{name}: step {s.step + 1} abandoned after {done} of {samples} samples "
+            f"({took:.1f} s in): {dropped(done, samples)}; {s.stop_saves('is')}, "
+            f"and a resume redoes step {s.step + 1}",
             level="warn",
             source="signal",
         )
@@ -249,23 +239,26 @@ class StopSignals:
         gc.freeze()
         raise SystemExit(128 + signum)
 
-    def _after_signal_boundary(self) -> None:
+    def after_boundary(self) -> None:
         """At each step's end after a stop signal: the first leaves the loop to read
         should_stop; a loop that steps again is ended here, the run finished as stopped."""
-        self._signal_boundaries += 1
-        if self._signal_boundaries == 1:
+        if self.signalled is None or not self.s.native.stop_requested:
             return
-        signum = self._signalled
+        self.boundaries += 1
+        if self.boundaries == 1:
+            return
+        signum = self.signalled
         self.finish()
         raise SystemExit(128 + signum)
 
-    def _checkpoint_for_stop(self) -> None:
+    def checkpoint_for_stop(self) -> None:
         """A stop (the dashboard's, or a signal's) checkpoints once, as `headroom train`'s
         does, through on_checkpoint; at the step's end, or at finish() when the loop
         ended first."""
-        if self._stop_checkpointed or self._on_checkpoint is None:
+        s = self.s
+        if self.stop_checkpointed or s.on_checkpoint is None:
             return
-        if not self._native.stop_requested or self._accumulated is not None:
+        if not s.native.stop_requested or s.accumulated is not None:
             return
-        self._stop_checkpointed = True
-        self.notice(f"stop: {self._carry_out('checkpoint')}")
+        self.stop_checkpointed = True
+        s.notice(f"stop: {s.carry_out('checkpoint')}")
