@@ -603,7 +603,7 @@ class Job:
             except RuntimeError as e:
                 if not _torch.is_oom(e):
                     raise
-                zeros_oom = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                zeros_oom = _torch.first_line(e)
                 ov.launch_rest(abort=True)
             mine = ov.verdict_record(oom or zeros_oom is not None, failed)
             with _torch.cap_lifted():
@@ -650,9 +650,7 @@ class Job:
                 except RuntimeError as e:
                     if not _torch.is_oom(e):
                         raise
-                    zeros_oom = (
-                        str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                    )
+                    zeros_oom = _torch.first_line(e)
                 head = [1.0 if zeros_oom else 0.0, 0.0, 0.0]
                 mine = torch.tensor(head + [1.0 if h else 0.0 for h in had], dtype=torch.float64)
                 with _torch.cap_lifted():

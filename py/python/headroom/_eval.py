@@ -83,7 +83,7 @@ def run_batch(
         except Exception as e:
             if not _torch.is_oom(e, capped=capped):
                 raise
-            failed = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            failed = _torch.first_line(e)
         chunk = None
         if failed is None:
             sizer.eval_chunk(end - start, seq, meter.peak() if meter is not None else 0)

@@ -214,11 +214,10 @@ class Gates:
         except Exception as e:
             if is_comm_error(e):
                 raise
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             raise CollectiveFailed(
                 f"this rank passed the gate of FSDP's {what} and could not enter it "
-                f"({type(e).__name__}: {first}); the other ranks are inside it, so the job "
-                "cannot go on"
+                f"({type(e).__name__}: {_torch.first_line(e)}); the other ranks are inside "
+                "it, so the job cannot go on"
             ) from e
 
 

@@ -42,10 +42,6 @@ class StepWork:
         return size / self.n if self.reduction == "mean" else 1.0
 
 
-def first_line(e: BaseException) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-
-
 def finite(step: int, total: torch.Tensor) -> float:
     """The step's loss, or LossError when it is not finite."""
     value = float(total)
@@ -175,7 +171,7 @@ class Rank:
                     self.after_last_backward(step, oom=oom, failed=not oom)
                 if not oom:
                     raise
-                failed = first_line(e)
+                failed = _torch.first_line(e)
             except BaseException:
                 if overlapped:
                     self.after_last_backward(step, failed=True)

@@ -173,15 +173,11 @@ class Run:
             effective=a.effective_batch or 0,
             on_checkpoint=a.on_checkpoint,
         )
-        # The parts the loop's calls use most, under their own names (the same objects
-        # the rank and the signals hold in `s`).
+        # The objects the loop's calls use most, under their own names (the same the rank
+        # and the signals reach through `s`).
         self._model = a.model
         self._params = s.params
-        self._hard_limit = s.hard_limit
-        self._adaptive = s.adaptive
-        self._effective = s.effective
-        self._on_checkpoint = a.on_checkpoint
-        if self._hard_limit and not cuda:
+        if self._s.hard_limit and not cuda:
             _torch.start_thread_pools()
         self._native = s.native = self._open_native(a, name, job)
         self._start_meters(a.oom_snapshot)
@@ -192,7 +188,7 @@ class Run:
         self._signals = Signals(s, a.on_usr1, a.on_usr2, self.finish, self.fail)
         self._rank = self._make_rank(a, job[0] if joined else None)
         self._rank.start(world)
-        if self._adaptive:
+        if self._s.adaptive:
             self._start_controller(a)
         # Which batch-size notices were given (a larger batch, a smaller one).
         self._batch_said: set[bool] = set()
@@ -235,8 +231,8 @@ class Run:
             device_name=_torch.device_name(self.device),
             parameters=(0 if model is None else sum(p.numel() for p in model.parameters())),
             total_steps=a.total_steps,
-            effective_batch=self._effective,
-            micro_batch=a.micro_batch or self._effective or 1,
+            effective_batch=self._s.effective,
+            micro_batch=a.micro_batch or self._s.effective or 1,
             log=a.log,
             log_rotate=a.log_rotate,
             listen=a.listen,
@@ -245,10 +241,10 @@ class Run:
             device_total=_torch.device_total(self.device),
             allocator=_torch.CudaAllocator(self.device) if cuda else None,
             memory_budget="" if a.memory_budget is None else a.memory_budget,
-            hard_limit=self._hard_limit,
+            hard_limit=self._s.hard_limit,
             thresholds=a.thresholds,
             profile=a.profile,
-            adaptive=a.adaptive and self._adaptive,
+            adaptive=a.adaptive and self._s.adaptive,
             job=job,
             checkpoints=a.on_checkpoint is not None,
             precision=a.precision,
@@ -283,13 +279,13 @@ class Run:
                 level="warn",
             )
         self._s.meter = self._meter
-        self._oom_snapshot = self._s.oom_snapshot = bool(oom_snapshot) and cuda
+        self._s.oom_snapshot = bool(oom_snapshot) and cuda
         if oom_snapshot and not cuda:
             self.notice(
                 "oom_snapshot: off on the CPU: the snapshot is the CUDA caching "
                 "allocator's (torch.cuda.memory._dump_snapshot), and the CPU has none"
             )
-        if self._oom_snapshot:
+        if self._s.oom_snapshot:
             # What memory_viz shows needs the allocations' history from here on.
             _internals.record_memory_history(True)
 
@@ -297,7 +293,7 @@ class Run:
         """An adaptive run's controller: its micro-batch range, from the memory the run
         holds before its first step."""
         self._native.adapt(
-            a.micro_batch or self._effective,
+            a.micro_batch or self._s.effective,
             a.min_micro_batch or 1,
             a.max_micro_batch or 0,
             a.max_seq_len or 0,
@@ -319,7 +315,7 @@ class Run:
     def _say_batch_range(self, micro_batch, min_micro_batch, max_micro_batch) -> None:
         """Once, at the start: a micro-batch setting the run cannot honour as given, what
         it does instead and why (a micro-batch is a part of a step's batch)."""
-        eff = self._effective
+        eff = self._s.effective
         top = eff if not max_micro_batch else min(max_micro_batch, eff)
         self._max_micro_batch = top
         low = min(max(min_micro_batch, 1), top)
@@ -345,7 +341,7 @@ class Run:
         """Once: a batch handed to run.backward() that is not effective_batch samples. The
         step learns from the whole batch it is given (nothing is dropped or held back), so
         its effective batch is what was handed; the micro-batches stay in their range."""
-        eff = self._effective
+        eff = self._s.effective
         if n == eff or (n > eff) in self._batch_said:
             return
         self._batch_said.add(n > eff)
@@ -440,7 +436,7 @@ class Run:
         The loss is a number or a one-element tensor, or None for a step that has none.
         As in an adaptive run, a NaN or infinite loss raises :class:`LossError` (here after
         the step is recorded, its loss missing: the loop has already applied it)."""
-        if self._adaptive:
+        if self._s.adaptive:
             raise RunError(
                 "this run is adaptive: its steps end with run.step(optimizer), not "
                 "run.report(); create the run without effective_batch= to only watch"
@@ -512,7 +508,7 @@ class Run:
         ``self.manual_backward``); `scaler`, a ``torch.amp.GradScaler``, scales each
         micro-batch's weighted loss before it (give the same scaler to :meth:`step`).
         """
-        if not self._adaptive:
+        if not self._s.adaptive:
             raise RunError(
                 "run.backward() needs an adaptive run: create it with effective_batch=N "
                 "and model=model (a watch-only run reports with run.report(loss))"
@@ -653,9 +649,9 @@ class Run:
                     scaler.step(optimizer)
                 return
             except Exception as e:
-                if not _torch.is_oom(e, capped=self._hard_limit):
+                if not _torch.is_oom(e, capped=self._s.hard_limit):
                     raise
-                text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                text = _torch.first_line(e)
             _torch.free_memory(self.device)
             if not snapshot.restore():
                 self._native.notice_text(
@@ -830,7 +826,7 @@ class Run:
                 self.device,
                 batch,
                 fn,
-                capped=self._hard_limit,
+                capped=self._s.hard_limit,
                 combine=combine,
                 cut=cut,
                 samples=samples,
@@ -891,7 +887,7 @@ class Run:
 
     def _release(self) -> None:
         global _current
-        if getattr(self, "_oom_snapshot", False):
+        if getattr(getattr(self, "_s", None), "oom_snapshot", False):
             _internals.record_memory_history(False)
         self._signals.restore()
         self._rank.close()

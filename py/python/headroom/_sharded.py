@@ -12,7 +12,7 @@ import torch
 from . import _args, _dist, _fsdp, _torch
 from ._errors import OutOfMemory, RankFailed
 from ._job import JobRank
-from ._rank import StepWork, first_line
+from ._rank import StepWork
 from ._signals import Signals
 from ._state import RunState
 
@@ -141,7 +141,7 @@ class ShardedRank(JobRank):
                     _fsdp.reset(model)
                     raise
                 status = _fsdp.OOM
-                failed = first_line(e)
+                failed = _torch.first_line(e)
             finally:
                 gates.leaving = None
             worst = self.gated(step, gates.leave, status)
@@ -168,7 +168,7 @@ class ShardedRank(JobRank):
             # No last resort here (the run was opened without it): one rank's switch of
             # checkpointing would change its collectives.
             retry, _, _ = s.native.oom(step, mb, seq, failed)
-            s.snapshot_oom(step, s.native.name)
+            s.snapshot_oom(step)
             if retry is None:
                 self.gated(step, gates.count, 0, True)
                 raise OutOfMemory(

@@ -84,14 +84,14 @@ class RunState:
             was = self.levers.set_checkpointing(to)
         return self.native.switched(lever, was, to, source)
 
-    def snapshot_oom(self, step: int, name: str) -> None:
+    def snapshot_oom(self, step: int) -> None:
         """With oom_snapshot=True on CUDA: what the allocator held when a step ran out of
         memory, as the pickle PyTorch's memory_viz reads, beside the log (or in the
         working directory without one); its path goes in the event log."""
         if not self.oom_snapshot:
             return
         log = self.native.log_path
-        base = Path(log).with_suffix("") if log else Path.cwd() / name
+        base = Path(log).with_suffix("") if log else Path.cwd() / self.native.name
         path = f"{base}.oom-step{step}.pickle"
         try:
             _internals.dump_memory_snapshot(path)
@@ -112,7 +112,7 @@ class RunState:
         OutOfMemory (`give_up()` saying what became of the last completed step) when
         there is none."""
         retry, _, last_resort = self.native.oom(step, mb, seq, failed)
-        self.snapshot_oom(step, self.native.name)
+        self.snapshot_oom(step)
         _torch.free_memory(self.device)
         if last_resort:
             # Out of sizes: checkpointing on, the same samples retried (the session said

@@ -49,6 +49,12 @@ def is_oom(exc: BaseException, capped: bool = False) -> bool:
     return capped and any(t in text for t in _CAPPED_OOM_TEXTS)
 
 
+def first_line(e: BaseException) -> str:
+    """An error's first line (its type's name when it says nothing): what a notice, a
+    record and the controller are told of it."""
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
 def provoke_oom(device: torch.device) -> None:
     """Raises a real out-of-memory error from `device`'s allocator."""
     torch.empty(IMPOSSIBLE_BYTES, dtype=torch.uint8, device=device)
